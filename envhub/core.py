@@ -1,0 +1,285 @@
+"""The text-environment contract every envhub environment implements.
+
+``TextEnv`` is a ``gymnasium.Env[str, str]``: observations and actions are text. It keeps
+Gymnasium's ``reset``/``step`` semantics and adds what multi-turn LLM training needs: the task's
+``instructions``, the legal actions, an oracle's action, and three info keys on every step
+(``action_is_valid``, ``success``, ``state_key``).
+
+Subclasses implement a handful of hooks (``_reset``, ``_step``, ``state_key``, ``is_success``,
+``render_text`` and, where they have them, ``valid_actions`` and ``expert_action``); the base class
+owns the parts every environment must get the same way: invalid actions leave the state unchanged
+and explain themselves, the turn limit truncates, and stepping a finished episode is an error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+from envhub.error import InvalidAction, ResetNeeded
+
+#: Keys present in the ``info`` dict of every ``reset`` and ``step``.
+INFO_KEYS: dict[str, type] = {"action_is_valid": bool, "success": bool, "state_key": str}
+
+
+def normalize_action(text: str) -> str:
+    """Return ``text`` case-folded with runs of whitespace collapsed, for lenient matching."""
+    return " ".join(text.split()).casefold()
+
+
+def shorten(text: str, width: int = 60) -> str:
+    """Return a one-line preview of ``text`` at most ``width`` characters long."""
+    flat = repr(text)[1:-1]
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+class TextSpace(spaces.Space[str]):
+    """The space of Python strings of at most ``max_length`` characters (any Unicode)."""
+
+    def __init__(self, max_length: int = 1 << 20, seed: int | np.random.Generator | None = None):
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self.max_length = max_length
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        """Text has no fixed-size numeric form."""
+        return False
+
+    def contains(self, x: Any) -> bool:
+        """Return whether ``x`` is a string no longer than ``max_length``."""
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """Return a random printable ASCII string of 0 to 16 characters."""
+        length = int(self.np_random.integers(0, 17))
+        return "".join(chr(c) for c in self.np_random.integers(32, 127, size=length))
+
+    def __repr__(self) -> str:
+        return f"TextSpace(max_length={self.max_length})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TextSpace) and other.max_length == self.max_length
+
+
+class TextEnv(gymnasium.Env[str, str]):
+    """A multi-turn environment that an LLM plays through text.
+
+    Set these in all subclasses:
+
+    - ``instructions``: the task's rules, shown to the model once.
+    - ``_reset(options)``, ``_step(action)``, ``state_key()``, ``is_success()``, ``render_text()``.
+
+    Override where the environment has them:
+
+    - ``valid_actions()``: the legal actions now, for finite action sets.
+    - ``expert_action()``: an oracle's next action.
+    - ``parse_action(action)``: how a text action maps to a legal one (default: case- and
+      whitespace-insensitive match against ``valid_actions()``).
+    - ``render_rgb()``: a picture of the state, for ``render_mode="rgb_array"``.
+
+    ``max_turns`` (set by :func:`envhub.make` from the registration) truncates episodes.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}
+    observation_space: spaces.Space[str] = TextSpace()
+    action_space: spaces.Space[str] = TextSpace()
+
+    instructions: str = ""
+    max_turns: int | None = None
+
+    _turn: int = 0
+    _observation: str | None = None
+    _episode_over: bool = True
+
+    def __init__(self, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode={render_mode!r} is not supported by {type(self).__name__}; "
+                f"choose one of {self.metadata['render_modes']}"
+            )
+        self.render_mode = render_mode
+
+    # ------------------------------------------------------------------ the public API
+
+    @property
+    def turn(self) -> int:
+        """The number of steps taken since the last ``reset``."""
+        return self._turn
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start a new episode.
+
+        Args:
+            seed: seeds ``self.np_random``; the same seed gives the same initial state and the same
+                dynamics in any process. ``None`` continues the current random stream.
+            options: environment-specific reset options.
+
+        Returns:
+            The first observation and an info dict with at least ``INFO_KEYS``.
+        """
+        super().reset(seed=seed)
+        self._turn = 0
+        observation, extra = self._reset(dict(options or {}))
+        self._observation = observation
+        self._episode_over = False
+        return observation, self._info(True, extra)
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one turn.
+
+        An action that ``parse_action`` rejects (illegal, empty, not text) changes nothing: the
+        observation repeats the current state after a line saying why, the reward is 0,
+        ``info["action_is_valid"]`` is False and ``info["invalid_reason"]`` holds the reason. It
+        still counts as a turn.
+
+        Returns:
+            ``(observation, reward, terminated, truncated, info)`` with Gymnasium's meaning;
+            ``truncated`` is True when the turn limit ends the episode.
+
+        Raises:
+            ResetNeeded: if no episode is running (before ``reset`` or after it ended).
+        """
+        if self._episode_over:
+            raise ResetNeeded(
+                f"{type(self).__name__}.step() was called with no episode running; "
+                "call reset() first (and again after terminated or truncated)"
+            )
+        try:
+            legal = self.parse_action(action)
+        except InvalidAction as exc:
+            return self.reject(str(exc))
+        self._turn += 1
+        observation, reward, terminated, extra = self._step(legal)
+        self._observation = observation
+        return self._finish(observation, float(reward), bool(terminated), self._info(True, extra))
+
+    def reject(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Spend a turn on a reply that named no legal action, leaving the state unchanged.
+
+        The manager calls this when a reply fails the action format; ``step`` calls it for
+        illegal actions.
+        """
+        if self._episode_over:
+            raise ResetNeeded(f"{type(self).__name__}.reject() was called with no episode running")
+        self._turn += 1
+        observation = f"Invalid action: {reason}\n{self._observation}"
+        info = self._info(False, {"invalid_reason": reason})
+        return self._finish(observation, 0.0, False, info)
+
+    def parse_action(self, action: str) -> str:
+        """Return the legal action that ``action`` names.
+
+        Matching ignores case and runs of whitespace. Environments with an open action space
+        (``valid_actions()`` is None) accept any non-empty text by default.
+
+        Raises:
+            InvalidAction: with a reason the model can act on.
+        """
+        if not isinstance(action, str):
+            raise InvalidAction(f"an action is text, got {type(action).__name__}")
+        key = normalize_action(action)
+        if not key:
+            raise InvalidAction("the action is empty")
+        legal = self.valid_actions()
+        if legal is None:
+            return action.strip()
+        for candidate in legal:
+            if normalize_action(candidate) == key:
+                return candidate
+        raise InvalidAction(f"'{shorten(action)}' is not one of the legal actions: {', '.join(legal)}")
+
+    def valid_actions(self) -> list[str] | None:
+        """Return the actions legal now, or None where the action space is open."""
+        return None
+
+    def expert_action(self) -> str | None:
+        """Return an oracle's next action, or None where the environment has no oracle."""
+        return None
+
+    def state_key(self) -> str:
+        """Return a canonical, deterministic key of the current state (the GiGPO anchor).
+
+        Equal states give equal keys in any process; never built from Python's ``hash()``.
+        """
+        raise NotImplementedError
+
+    def is_success(self) -> bool:
+        """Return whether the task is accomplished in the current state."""
+        raise NotImplementedError
+
+    def render_text(self) -> str:
+        """Return the current state as text for a person (the ``ansi`` rendering)."""
+        raise NotImplementedError
+
+    def render_rgb(self) -> np.ndarray:
+        """Return the current state as an ``(H, W, 3)`` uint8 picture."""
+        raise NotImplementedError(f"{type(self).__name__} has no picture rendering")
+
+    def render(self) -> str | np.ndarray:  # type: ignore[override]
+        """Return the state as text (``ansi`` or no render mode) or a picture (``rgb_array``)."""
+        if self.render_mode == "rgb_array":
+            return self.render_rgb()
+        return self.render_text()
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Set up the initial state from ``self.np_random``; return the observation and extra info."""
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Apply a legal ``action``; return ``(observation, reward, terminated, extra_info)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ internals
+
+    def _info(self, valid: bool, extra: dict[str, Any]) -> dict[str, Any]:
+        info = {"action_is_valid": valid, "success": bool(self.is_success()), "state_key": self.state_key()}
+        info.update(extra)
+        return info
+
+    def _finish(
+        self, observation: str, reward: float, terminated: bool, info: dict[str, Any]
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        truncated = not terminated and self.max_turns is not None and self._turn >= self.max_turns
+        self._episode_over = terminated or truncated
+        return observation, reward, terminated, truncated, info
+
+
+class DiscreteTextEnv(TextEnv):
+    """A ``TextEnv`` whose actions are a fixed list of names, all legal in every state.
+
+    Set ``action_names`` in the subclass; ``valid_actions()`` returns it, and ``action_index``
+    maps a legal name back to its index for environments whose dynamics work on integers.
+    """
+
+    action_names: tuple[str, ...] = ()
+
+    def valid_actions(self) -> list[str]:
+        """Return every action name: all are legal in every state."""
+        return list(self.action_names)
+
+    def parse_action(self, action: str) -> str:
+        """Return the action name ``action`` matches, ignoring case and whitespace."""
+        if isinstance(action, str):
+            names = self.action_names
+            lookup = _LOOKUPS.get(names)
+            if lookup is None:
+                lookup = _LOOKUPS.setdefault(names, {normalize_action(name): name for name in names})
+            found = lookup.get(normalize_action(action))
+            if found is not None:
+                return found
+        return super().parse_action(action)
+
+    def action_index(self, name: str) -> int:
+        """Return the index of the legal action ``name`` in ``action_names``."""
+        return self.action_names.index(name)
+
+
+# Normalised-name lookups per action-name tuple, shared by every instance with those names.
+_LOOKUPS: dict[tuple[str, ...], dict[str, str]] = {}

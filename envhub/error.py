@@ -1,0 +1,45 @@
+"""Exceptions raised by envhub, each with a message that says what to do next."""
+
+from __future__ import annotations
+
+import gymnasium
+
+
+class EnvhubError(Exception):
+    """Base class of every error envhub raises on purpose."""
+
+
+class InvalidEnvId(EnvhubError, ValueError):
+    """An environment id is not of the form ``namespace/Name-vN``."""
+
+
+class UnknownEnv(EnvhubError, gymnasium.error.NameNotFound):
+    """No environment is registered under the id that was asked for."""
+
+
+class DuplicateEnv(EnvhubError, gymnasium.error.RegistrationError):
+    """Two registrations claim the same environment id."""
+
+
+class EntryPointError(EnvhubError, ImportError):
+    """An environment's ``module:Class`` entry point could not be loaded."""
+
+
+class ResetNeeded(EnvhubError, gymnasium.error.ResetNeeded):
+    """``step()`` was called before ``reset()`` or after the episode ended."""
+
+
+class InvalidAction(EnvhubError):
+    """An action is not legal in the current state; the message says why.
+
+    Environments raise it from ``parse_action``; ``TextEnv.step`` turns it into an
+    invalid-action observation, so it never reaches the caller of ``step``.
+    """
+
+
+class PolicyError(EnvhubError):
+    """A policy cannot act in an environment (no expert, no finite action set, ...)."""
+
+
+class CheckFailed(EnvhubError):
+    """The conformance checker found an environment that breaks the contract."""

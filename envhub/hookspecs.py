@@ -1,0 +1,20 @@
+"""The hooks an envhub plugin can implement (entry-point group and project name ``envhub``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("envhub")
+hookimpl = pluggy.HookimplMarker("envhub")
+
+
+@hookspec
+def register_envs(register: Any) -> None:
+    """Register environments: call ``register(id, entry_point="module:Class", **spec_kwargs)``."""
+
+
+@hookspec
+def register_commands(cli: Any) -> None:
+    """Add click commands or groups to the ``envhub`` command-line group ``cli``."""

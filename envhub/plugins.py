@@ -1,0 +1,176 @@
+"""Plugin discovery: pluggy hooks loaded from the ``envhub`` entry-point group.
+
+Plugins are loaded once, on first use of the registry or the CLI. ``ENVHUB_PLUGINS`` (a comma
+list of entry-point or distribution names) limits which load. A plugin that fails to import, or
+whose hook raises, is recorded with its error and never stops the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import os
+import traceback
+from typing import Any
+
+import pluggy
+
+from envhub import hookspecs
+
+ENTRY_POINT_GROUP = "envhub"
+
+#: Plugins that ship with the core, registered through the same hooks as external ones.
+DEFAULT_PLUGINS: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class PluginInfo:
+    """What ``envhub plugins`` reports about one plugin."""
+
+    name: str
+    version: str | None
+    entry_point: str | None
+    hooks: list[str] = dataclasses.field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The plugin as the JSON object ``envhub plugins --json`` prints."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "entry_point": self.entry_point,
+            "hooks": self.hooks,
+            "error": self.error,
+        }
+
+
+class PluginHost:
+    """The pluggy manager plus what envhub knows about each plugin (version, error)."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+        self.pm.add_hookspecs(hookspecs)
+        self.infos: dict[str, PluginInfo] = {}
+        self.loaded = False
+
+    def load(self) -> None:
+        """Load default and entry-point plugins and run their ``register_envs`` hooks, once."""
+        if self.loaded:
+            return
+        self.loaded = True
+        allowed = _allowed_plugins()
+        for module_name in DEFAULT_PLUGINS:
+            name = module_name.rsplit(".", 1)[-1]
+            if allowed is None or name in allowed:
+                self._load_one(name, None, module_name, lambda m=module_name: importlib.import_module(m))
+        for ep in _entry_points():
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.name if dist is not None else ep.name
+            if allowed is not None and ep.name not in allowed and dist_name not in allowed:
+                continue
+            version = dist.version if dist is not None else None
+            self._load_one(dist_name, version, ep.value, ep.load)
+
+    def _load_one(self, name: str, version: str | None, entry_point: str, loader: Any) -> None:
+        info = PluginInfo(name=name, version=version, entry_point=entry_point)
+        self.infos[name] = info
+        try:
+            plugin = loader()
+            self.pm.register(plugin, name=name)
+        except Exception as exc:  # a broken plugin must never take the others down
+            info.error = _describe(exc)
+            return
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+        self._register_envs_of(name)
+
+    def add(self, plugin: Any, name: str, version: str | None = None) -> PluginInfo:
+        """Register a plugin object by hand (tests, notebooks) and run its ``register_envs``."""
+        self.load()
+        info = PluginInfo(name=name, version=version, entry_point=None)
+        self.infos[name] = info
+        self.pm.register(plugin, name=name)
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+        self._register_envs_of(name)
+        return info
+
+    def remove(self, name: str) -> None:
+        """Unregister the plugin ``name`` and forget the environments it registered."""
+        from envhub.registration import registry
+
+        for env_spec in registry.values():
+            if env_spec.plugin == name:
+                registry.remove(env_spec.id)
+        plugin = self.pm.get_plugin(name)
+        if plugin is not None:
+            self.pm.unregister(plugin)
+        self.infos.pop(name, None)
+
+    def _register_envs_of(self, name: str) -> None:
+        info = self.infos[name]
+        bound = functools.partial(_register_for, name, info.version)
+        for impl in self._impls("register_envs", name):
+            try:
+                impl.function(register=bound)
+            except Exception as exc:
+                info.error = _describe(exc)
+
+    def register_commands(self, cli: Any) -> None:
+        """Run every plugin's ``register_commands`` hook on ``cli``, isolating failures."""
+        self.load()
+        for name, info in self.infos.items():
+            for impl in self._impls("register_commands", name):
+                try:
+                    impl.function(cli=cli)
+                except Exception as exc:
+                    info.error = _describe(exc)
+
+    def _impls(self, hook_name: str, plugin_name: str) -> list[Any]:
+        caller = getattr(self.pm.hook, hook_name)
+        return [impl for impl in caller.get_hookimpls() if impl.plugin_name == plugin_name]
+
+
+def _register_for(plugin: str, version: str | None, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
+    from envhub.registration import register
+
+    spec_kwargs.setdefault("plugin", plugin)
+    spec_kwargs.setdefault("version", version)
+    return register(id, entry_point, **spec_kwargs)
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def _allowed_plugins() -> set[str] | None:
+    raw = os.environ.get("ENVHUB_PLUGINS")
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _describe(exc: BaseException) -> str:
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    location = f" ({where[0].filename.rsplit(os.sep, 1)[-1]}:{where[0].lineno})" if where else ""
+    return f"{type(exc).__name__}: {exc}{location}"
+
+
+host = PluginHost()
+
+
+def load_plugins() -> None:
+    """Load every plugin once (a no-op after the first call)."""
+    host.load()
+
+
+def plugin_infos() -> list[PluginInfo]:
+    """Every plugin envhub found, loaded or broken, sorted by name."""
+    host.load()
+    return [host.infos[name] for name in sorted(host.infos)]
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The pluggy manager, with every plugin loaded."""
+    host.load()
+    return host.pm

@@ -1,0 +1,139 @@
+"""FrozenLake as a text environment, on Gymnasium's own FrozenLake dynamics."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import MAPS, FrozenLakeEnv, generate_random_map
+
+from envhub.core import DiscreteTextEnv
+from envhub_frozenlake.planning import UNLIMITED_HORIZON, best_action, optimal_success_probability, success_values
+
+#: How each map tile is drawn when the player is elsewhere.
+TILE_SYMBOLS = {"S": "_", "F": "_", "H": "O", "G": "G"}
+PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "P", "X", "√"
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(desc: tuple[str, ...], is_slippery: bool, horizon: int) -> np.ndarray:
+    return success_values(desc, is_slippery, horizon)
+
+
+class FrozenLakeTextEnv(DiscreteTextEnv):
+    """Cross a frozen lake from the start to the goal without falling into a hole.
+
+    Each reset draws a new map from ``self.np_random`` (unless ``desc`` or ``map_name`` fixes one)
+    and seeds a Gymnasium ``FrozenLakeEnv`` that does the stepping, so transitions are exactly
+    Gymnasium's. On slippery ice the player moves in the intended direction with probability 1/3
+    and to either side with 1/3 each.
+
+    Args:
+        size: side of random maps.
+        p: probability that a random tile is frozen (walkable) rather than a hole.
+        is_slippery: Gymnasium's slippery dynamics.
+        desc: a fixed map as rows of ``S``, ``F``, ``H``, ``G``.
+        map_name: one of Gymnasium's named maps (``"4x4"``, ``"8x8"``).
+        render_mode: ``"ansi"`` or None.
+    """
+
+    action_names = ("Left", "Down", "Right", "Up")
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = True,
+        desc: list[str] | None = None,
+        map_name: str | None = None,
+        render_mode: str | None = None,
+    ):
+        super().__init__(render_mode=render_mode)
+        if desc is None and map_name is not None:
+            if map_name not in MAPS:
+                raise ValueError(f"unknown map_name {map_name!r}; choose one of {sorted(MAPS)} or pass desc")
+            desc = MAPS[map_name]
+        if desc is None and not (size >= 2 and 0.0 < p <= 1.0):
+            raise ValueError(f"random maps need size >= 2 and 0 < p <= 1, got size={size}, p={p}")
+        self.size, self.p, self.is_slippery = size, p, is_slippery
+        self.fixed_desc = tuple(desc) if desc is not None else None
+        self.desc: tuple[str, ...] = ()
+        self._lake: FrozenLakeEnv | None = None
+        self._tiles: list[str] = []
+        self._grid = ""
+        slip = (
+            "The ice is slippery: you move in the direction you choose only 1/3 of the time, "
+            "otherwise to one of the two sides."
+            if is_slippery
+            else "The ice is not slippery: you always move where you choose."
+        )
+        self.instructions = (
+            "You are on a frozen lake and must walk from your position to the goal without falling "
+            "into a hole. Moving off the edge leaves you where you are. "
+            f"{slip}\n"
+            f"Legend: {PLAYER} you, _ frozen ice, O hole, G goal, {PLAYER_IN_HOLE} you in a hole, "
+            f"{PLAYER_ON_GOAL} you on the goal.\n"
+            "Actions: Left, Down, Right, Up. Reaching the goal gives reward 1; anything else gives 0."
+        )
+
+    # ------------------------------------------------------------------ TextEnv hooks
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        desc = options.get("desc") or self.fixed_desc
+        if desc is None:
+            desc = generate_random_map(size=self.size, p=self.p, seed=int(self.np_random.integers(2**31 - 1)))
+        desc = tuple(desc)
+        if desc != self.desc or self._lake is None:
+            self.desc = desc
+            self._lake = FrozenLakeEnv(desc=list(desc), is_slippery=self.is_slippery)
+            self._tiles = [TILE_SYMBOLS[c] for row in desc for c in row]
+        self._lake.reset(seed=int(self.np_random.integers(2**31 - 1)))
+        return self._draw(), {"map": "\n".join(desc)}
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        _, reward, terminated, _, _ = self._lake.step(self.action_index(action))
+        return self._draw(), float(reward), bool(terminated), {}
+
+    def state_key(self) -> str:
+        """The grid as drawn: map and player position."""
+        return self._grid
+
+    def is_success(self) -> bool:
+        """Whether the player stands on the goal."""
+        return self._lake is not None and self._tile() == "G"
+
+    def render_text(self) -> str:
+        """The grid with the legend's symbols, one row per line."""
+        return self._grid
+
+    def expert_action(self) -> str:
+        """The move that maximises the chance of reaching the goal in the turns left."""
+        horizon = self.max_turns if self.max_turns is not None else UNLIMITED_HORIZON
+        q = _plan(self.desc, self.is_slippery, horizon)
+        return self.action_names[best_action(q, int(self._lake.s), horizon - self.turn)]
+
+    # ------------------------------------------------------------------ extras
+
+    @property
+    def position(self) -> int:
+        """The player's tile index (row * width + column)."""
+        return int(self._lake.s)
+
+    def optimal_success_probability(self) -> float:
+        """The best success probability any agent has on this map under this turn limit."""
+        return optimal_success_probability(self.desc, self.is_slippery, self.max_turns)
+
+    def _tile(self) -> str:
+        width = len(self.desc[0])
+        s = int(self._lake.s)
+        return self.desc[s // width][s % width]
+
+    def _draw(self) -> str:
+        width = len(self.desc[0])
+        tiles = list(self._tiles)
+        here = self._tile()
+        s = int(self._lake.s)
+        tiles[s] = PLAYER_IN_HOLE if here == "H" else PLAYER_ON_GOAL if here == "G" else PLAYER
+        self._grid = "\n".join("".join(tiles[i : i + width]) for i in range(0, len(tiles), width))
+        return self._grid
