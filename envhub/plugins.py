@@ -21,8 +21,9 @@ from envhub import hookspecs
 
 ENTRY_POINT_GROUP = "envhub"
 
-#: Plugins that ship with the core, registered through the same hooks as external ones.
-DEFAULT_PLUGINS: tuple[str, ...] = ()
+#: Plugins that ship with the core (plugin name -> module), registered through the same hooks
+#: as external ones, like datasette's default plugins.
+DEFAULT_PLUGINS: dict[str, str] = {}
 
 
 @dataclasses.dataclass
@@ -61,10 +62,10 @@ class PluginHost:
             return
         self.loaded = True
         allowed = _allowed_plugins()
-        for module_name in DEFAULT_PLUGINS:
-            name = module_name.rsplit(".", 1)[-1]
+        for name, module_name in DEFAULT_PLUGINS.items():
             if allowed is None or name in allowed:
-                self._load_one(name, None, module_name, lambda m=module_name: importlib.import_module(m))
+                version = importlib.metadata.version("envhub")
+                self._load_one(name, version, module_name, lambda m=module_name: importlib.import_module(m))
         for ep in _entry_points():
             dist = getattr(ep, "dist", None)
             dist_name = dist.name if dist is not None else ep.name
