@@ -18,3 +18,8 @@ def register_envs(register: Any) -> None:
 @hookspec
 def register_commands(cli: Any) -> None:
     """Add click commands or groups to the ``envhub`` command-line group ``cli``."""
+
+
+@hookspec(firstresult=True)
+def make_policy(name: str, env_id: str, seed: Any) -> Any:
+    """Return a policy for ``envhub run --policy NAME`` (e.g. NAME is a model path), or None if NAME is not yours."""
