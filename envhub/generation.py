@@ -1,13 +1,17 @@
-"""Who picks the actions: policies that need no model (random, expert, a person at the keyboard).
+"""Who picks the actions: policies and generators.
 
-A policy maps an environment and its latest observation to an action string. Model-backed
-generators live in the trainer package; these are the baselines and the oracle.
+A *policy* maps an environment and its latest observation to an action string (``envhub run``).
+A *generator* completes a batch of token-id prompts, returning token ids, their sampling
+logprobs and text; the environment managers drive generators. Model-free ones (random, expert)
+live here; model-backed ones (transformers, vLLM) live in the trainer package, so the core never
+imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,3 +71,179 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "expert": lambda seed=None: ExpertPolicy(),
     "human": lambda seed=None: HumanPolicy(),
 }
+
+
+def get_policy(name: str, env_id: str, seed: int | None = None) -> Policy:
+    """Return the policy ``envhub run --policy NAME`` plays with.
+
+    ``random``, ``expert`` and ``human`` are built in; any other name (a model path, say) is offered
+    to the plugins' ``make_policy`` hooks, and the first that accepts it wins.
+
+    Raises:
+        PolicyError: when neither a built-in nor any plugin knows ``name``.
+    """
+    if name in POLICIES:
+        return POLICIES[name](seed=seed)
+    from envhub.plugins import get_plugin_manager
+
+    policy = get_plugin_manager().hook.make_policy(name=name, env_id=env_id, seed=seed)
+    if policy is None:
+        raise PolicyError(
+            f"no policy called {name!r}: use one of {sorted(POLICIES)}, or a model path with the trainer "
+            "plugin installed (pip install envhub-trl)"
+        )
+    return policy
+
+
+# ---------------------------------------------------------------------- generators
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a generator samples one completion per prompt.
+
+    Attributes:
+        max_new_tokens: the most tokens a completion may have.
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass (1.0 keeps every token).
+        top_k: keep only the k likeliest tokens (0 or less keeps every token).
+        seed: seeds the sampler for reproducible completions; None draws fresh randomness.
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def request_seeds(seed: int | None, count: int) -> list[int | None]:
+    """Distinct per-prompt sampler seeds derived from ``seed`` (all None when ``seed`` is None).
+
+    Members of a group share their first prompt; one seed for the whole batch would make every
+    member sample the same reply.
+    """
+    if seed is None:
+        return [None] * count
+    state = np.random.SeedSequence(seed).generate_state(count, dtype=np.uint32)
+    return [int(s) & 0x7FFFFFFF for s in state]
+
+
+@dataclasses.dataclass
+class Prompt:
+    """One prompt handed to a generator.
+
+    Model generators read ``token_ids`` only. The other fields let model-free generators (random,
+    expert) answer without a model.
+
+    Attributes:
+        token_ids: the prompt as token ids (empty when the manager has no tokenizer).
+        messages: the conversation as chat messages (``{"role", "content"}``), the last one the user's.
+        valid_actions: the actions legal now, or None for open action spaces.
+        expert_action: the environment's oracle action, when the manager was asked for it.
+    """
+
+    token_ids: list[int]
+    messages: list[dict[str, str]]
+    valid_actions: list[str] | None = None
+    expert_action: str | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+    """What a generator returned for one prompt.
+
+    Attributes:
+        token_ids: the sampled token ids, the end-of-sequence token included when one was sampled.
+        logprobs: the sampling log-probability of each of ``token_ids`` (same length).
+        text: the completion decoded, special tokens skipped.
+        finish_reason: ``"stop"`` (an end-of-sequence or stop token) or ``"length"`` (hit
+            ``max_new_tokens``).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str = "stop"
+
+    def __post_init__(self) -> None:
+        if len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"a completion needs one logprob per token: {len(self.token_ids)} tokens, {len(self.logprobs)} logprobs"
+            )
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Anything that completes a batch of token-id prompts.
+
+    Implementations: :class:`RandomGenerator` and :class:`ExpertGenerator` here; ``HFGenerator``
+    and ``VLLMGenerator`` in the trainer package (``envhub_trl.generators``). A generator that
+    needs ``Prompt.expert_action`` sets the class attribute ``uses_expert = True``.
+    """
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
+        """Return one completion per prompt, in order."""
+        ...
+
+
+class _ActionGenerator:
+    """Shared body of the model-free generators: reply ``<answer>ACTION</answer>``."""
+
+    uses_expert = False
+
+    def __init__(self, tokenizer: Any | None = None):
+        self.tokenizer = tokenizer
+
+    def _action(self, prompt: Prompt) -> str:
+        raise NotImplementedError
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
+        """Return one reply per prompt, tokenised (with the end-of-sequence token) if a tokenizer was given."""
+        completions = []
+        for prompt in prompts:
+            text = f"<answer>{self._action(prompt)}</answer>"
+            ids: list[int] = []
+            if self.tokenizer is not None:
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+                if self.tokenizer.eos_token_id is not None:
+                    ids.append(int(self.tokenizer.eos_token_id))
+            completions.append(Completion(ids, [0.0] * len(ids), text, "stop"))
+        return completions
+
+
+class RandomGenerator(_ActionGenerator):
+    """Replies with a uniformly random legal action, from its own seeded generator.
+
+    Args:
+        seed: seeds the choice of actions.
+        tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
+    """
+
+    def __init__(self, seed: int | None = None, tokenizer: Any | None = None):
+        super().__init__(tokenizer)
+        self.rng = np.random.default_rng(seed)
+
+    def _action(self, prompt: Prompt) -> str:
+        if not prompt.valid_actions:
+            raise PolicyError("the random generator needs a finite list of legal actions")
+        return prompt.valid_actions[int(self.rng.integers(len(prompt.valid_actions)))]
+
+
+class ExpertGenerator(_ActionGenerator):
+    """Replies with the environment's oracle action (the manager fills ``Prompt.expert_action``)."""
+
+    uses_expert = True
+
+    def _action(self, prompt: Prompt) -> str:
+        if prompt.expert_action is None:
+            raise PolicyError("this environment has no expert action; use the random generator or a model")
+        return prompt.expert_action

@@ -1,0 +1,114 @@
+"""Chat rendering of environments, and token-exact chat-template continuation.
+
+:class:`ChatRenderer` writes an environment's conversation as chat messages: a system message
+with the task's rules and the reply format, then one user message per turn with the turn
+number, the actions left and the observation (an invalid reply's explanation leads it).
+
+:class:`ChatTokens` turns those messages into token ids without ever re-tokenising what the model
+sampled: the first prompt is the chat template's rendering, and after each reply only the
+template's rendering of the *new* messages is appended, computed as the difference between two
+renderings of a fixed reference conversation. The sampled ids stay exactly as sampled, and when
+they are the canonical tokenisation of the reply, the concatenation equals the template's own
+rendering of the whole conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from envhub.actions import TagFormat
+from envhub.error import EnvhubError
+
+
+class ChatTemplateError(EnvhubError):
+    """A tokenizer's chat template cannot be continued turn by turn (it rewrites earlier turns)."""
+
+
+class ChatRenderer:
+    """How an environment's text becomes chat messages.
+
+    Args:
+        fmt: the action format, whose instructions close the system message.
+        system_prompt: text put before the environment's instructions.
+        show_legal_actions: list the legal actions in every user message (finite action sets).
+    """
+
+    def __init__(self, fmt: TagFormat, system_prompt: str | None = None, show_legal_actions: bool = True):
+        self.fmt = fmt
+        self.system_prompt = system_prompt
+        self.show_legal_actions = show_legal_actions
+
+    def system(self, instructions: str) -> str:
+        """The system message: the optional preamble, the task's rules, the reply format."""
+        parts = [self.system_prompt, instructions.strip(), self.fmt.instructions()]
+        return "\n\n".join(part for part in parts if part)
+
+    def user(self, observation: str, turn: int, max_turns: int | None, valid_actions: Sequence[str] | None) -> str:
+        """The user message of turn ``turn`` (from 0): where we are, what is left, what is legal."""
+        if max_turns is None:
+            header = f"Turn {turn + 1}."
+        else:
+            left = max_turns - turn
+            header = f"Turn {turn + 1} of {max_turns}; {left} action{'s' if left != 1 else ''} left."
+        text = f"{header}\n{observation}"
+        if self.show_legal_actions and valid_actions:
+            text += f"\nLegal actions: {', '.join(valid_actions)}"
+        return text
+
+
+class ChatTokens:
+    """Token ids of a conversation through a Hugging Face tokenizer's chat template, turn by turn.
+
+    Args:
+        tokenizer: a tokenizer with a chat template (``apply_chat_template``, ``encode``,
+            ``eos_token_id``, ``decode``).
+
+    Raises:
+        ChatTemplateError: if the template renders a conversation differently once messages are
+            appended (such templates cannot be continued token-exactly).
+    """
+
+    _MARK = "\x00envhub-reply\x00"
+    _REFERENCE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self._reference = [*self._REFERENCE, {"role": "assistant", "content": self._MARK}]
+        rendered = self._render(self._reference, generation_prompt=False)
+        end = rendered.rfind(self._MARK)
+        if end < 0:
+            raise ChatTemplateError("the chat template drops the assistant's reply; it cannot be used for multi-turn rollouts")
+        self._reference_text = rendered
+        #: What the template writes after a reply's content (e.g. ``<|im_end|>\n``).
+        self.turn_end = rendered[end + len(self._MARK) :]
+        eos = tokenizer.eos_token_id
+        self._eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no special tokens added."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` rendered with the generation prompt (a whole prompt)."""
+        return self.encode(self._render(messages, generation_prompt=True))
+
+    def continuation(self, completion_ids: Sequence[int], finish_reason: str, new_messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids the environment appends after a sampled reply: the end of the reply's turn
+        that the model did not sample, then ``new_messages`` and the generation prompt.
+        """
+        rendered = self._render([*self._reference, *new_messages], generation_prompt=True)
+        if not rendered.startswith(self._reference_text):
+            raise ChatTemplateError(
+                "the chat template renders earlier turns differently once messages are appended; "
+                "use the step layout or a template that only appends"
+            )
+        tail = self.turn_end
+        if finish_reason == "stop" and completion_ids and completion_ids[-1] in self._eos_ids:
+            sampled_end = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
+            if tail.startswith(sampled_end):
+                tail = tail[len(sampled_end) :]
+        return self.encode(tail + rendered[len(self._reference_text) :])

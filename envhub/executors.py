@@ -1,0 +1,488 @@
+"""Where the environments of a manager live and step: in-process, a process pool, or Ray actors.
+
+Every executor holds environments in numbered *slots* and answers two batched calls, ``reset`` and
+``step``; an :class:`EnvWorker` does the work wherever it runs. An environment that raises ends
+only its own episode: its result carries the error and the slot is emptied.
+
+The pool executors keep each slot's history (reset seed and replies). When a worker dies, they
+start a new one and replay the histories of its slots; environments are deterministic per seed,
+so the replayed state is the lost one and no episode of the batch is lost. A request that kills
+its worker a second time ends the episodes it carried, with the error, rather than looping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from envhub.actions import ParsedReply, TagFormat, apply_reply
+from envhub.core import TextEnv, shorten
+from envhub.error import EnvhubError
+from envhub.registration import EnvSpec
+
+
+class WorkerDied(EnvhubError):
+    """A pool worker process or actor died while holding environments."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetRequest:
+    """Make (or reuse) the environment of ``slot`` from ``spec`` and reset it with ``seed``.
+
+    The spec travels with the request, so a worker can make environments registered at run time
+    in the parent (its entry point must be importable in the worker).
+    """
+
+    slot: int
+    spec: EnvSpec
+    seed: int
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_turns: int | None = None
+    expert: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRequest:
+    """Apply the replies ``replies`` to the environments of ``slots`` (same order) with the format ``fmt``.
+
+    One request per batch, not per environment: a turn of a thousand envs allocates little.
+    """
+
+    slots: Sequence[int]
+    replies: Sequence[str]
+    fmt: TagFormat
+    expert: bool = False
+
+    def __post_init__(self) -> None:
+        if len(self.slots) != len(self.replies):
+            raise ValueError(f"a step needs one reply per slot: {len(self.slots)} slots, {len(self.replies)} replies")
+
+    def subset(self, positions: Sequence[int]) -> StepRequest:
+        """The request restricted to the slots at ``positions``."""
+        return StepRequest([self.slots[p] for p in positions], [self.replies[p] for p in positions], self.fmt, self.expert)
+
+
+@dataclasses.dataclass(slots=True)
+class EnvState:
+    """An environment's answer to a reset or a step.
+
+    Attributes:
+        observation: the new observation ('' when the environment raised).
+        reward: the step's reward (0 on reset).
+        terminated: Gymnasium's terminated.
+        truncated: Gymnasium's truncated (the turn limit).
+        info: the step's info (``action_is_valid``, ``success``, ``state_key``, ...).
+        valid_actions: the legal actions now, or None.
+        expert_action: the oracle's action now, when asked for and the episode goes on.
+        format_valid: whether the reply followed the action format (True on reset).
+        action: the first action the reply named.
+        invalid_reason: why the reply was invalid, or None.
+        instructions: the environment's instructions (on reset).
+        max_turns: the environment's turn limit (on reset).
+        error: the environment's exception and where it was raised, when it raised.
+    """
+
+    observation: str = ""
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    valid_actions: list[str] | None = None
+    expert_action: str | None = None
+    format_valid: bool = True
+    action: str | None = None
+    invalid_reason: str | None = None
+    instructions: str = ""
+    max_turns: int | None = None
+    error: str | None = None
+
+
+def _describe_error(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {shorten(str(exc), 300)}{where}"
+
+
+class MemoizedFormat:
+    """An action format whose parses are remembered, keyed by reply and legal actions.
+
+    Policies repeat their replies (``<answer>Left</answer>`` again and again), and parsing costs
+    about half of a fast environment's step; a dictionary hit costs almost nothing.
+    ``ParsedReply`` is immutable, so sharing one between turns is safe.
+
+    Args:
+        fmt: the format to parse with.
+        max_entries: the cache is emptied when it reaches this size.
+        max_reply_length: longer replies are parsed every time (they rarely repeat).
+    """
+
+    def __init__(self, fmt: TagFormat, max_entries: int = 4096, max_reply_length: int = 256):
+        self.fmt = fmt
+        self.max_entries = max_entries
+        self.max_reply_length = max_reply_length
+        # reply -> [(legal actions, parse)]: a hit compares lists and allocates nothing
+        self._cache: dict[str, list[tuple[list[str] | None, ParsedReply]]] = {}
+
+    def parse(self, reply: str, valid_actions: Sequence[str] | None = None) -> ParsedReply:
+        """``fmt.parse(reply, valid_actions)``, from the cache when seen before."""
+        if not isinstance(reply, str) or len(reply) > self.max_reply_length:
+            return self.fmt.parse(reply, valid_actions)
+        entries = self._cache.get(reply)
+        if entries is not None:
+            for legal, parsed in entries:
+                if legal == valid_actions:
+                    return parsed
+        parsed = self.fmt.parse(reply, valid_actions)
+        if len(self._cache) >= self.max_entries:
+            self._cache.clear()
+        self._cache.setdefault(reply, []).append((list(valid_actions) if valid_actions is not None else None, parsed))
+        return parsed
+
+
+class EnvWorker:
+    """Holds environments by slot and resets or steps them in batches; never raises for an env's error."""
+
+    def __init__(self) -> None:
+        self.envs: dict[int, TextEnv] = {}
+        self._formats: dict[TagFormat, MemoizedFormat] = {}
+        self._made_with: dict[int, tuple[str, str, str, int | None]] = {}
+
+    def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
+        """Reset every requested slot, making its environment when the id or kwargs changed."""
+        return [self._reset_one(request) for request in requests]
+
+    def step(self, request: StepRequest) -> list[EnvState]:
+        """Apply each reply to its slot's environment."""
+        fmt = self._formats.get(request.fmt)
+        if fmt is None:
+            fmt = self._formats[request.fmt] = MemoizedFormat(request.fmt)
+        expert = request.expert
+        return [self._step_one(slot, reply, fmt, expert) for slot, reply in zip(request.slots, request.replies)]
+
+    def _reset_one(self, request: ResetRequest) -> EnvState:
+        spec = request.spec
+        recipe = (spec.id, spec.entry_point_str, repr(sorted(request.env_kwargs.items())), request.max_turns)
+        try:
+            env = self.envs.get(request.slot)
+            if env is None or self._made_with.get(request.slot) != recipe:
+                env = spec.make(max_turns=request.max_turns, **request.env_kwargs)
+                self.envs[request.slot], self._made_with[request.slot] = env, recipe
+            observation, info = env.reset(seed=request.seed)
+            return EnvState(
+                observation=observation,
+                info=info,
+                valid_actions=env.valid_actions(),
+                expert_action=env.expert_action() if request.expert else None,
+                instructions=env.instructions,
+                max_turns=env.max_turns,
+            )
+        except Exception as exc:  # an env's failure ends its own episode, never the batch
+            self._drop(request.slot)
+            return EnvState(error=_describe_error(exc))
+
+    def _step_one(self, slot: int, reply: str, fmt: MemoizedFormat, expert: bool) -> EnvState:
+        env = self.envs.get(slot)
+        if env is None:
+            return EnvState(error=f"slot {slot} holds no environment; reset it first")
+        try:
+            outcome = apply_reply(env, reply, fmt)  # type: ignore[arg-type]  (duck-typed format)
+            over = outcome.terminated or outcome.truncated
+            info = outcome.info
+            return EnvState(
+                observation=outcome.observation,
+                reward=outcome.reward,
+                terminated=outcome.terminated,
+                truncated=outcome.truncated,
+                info=info,
+                valid_actions=None if over else env.valid_actions(),
+                expert_action=env.expert_action() if expert and not over else None,
+                format_valid=outcome.parsed.format_valid,
+                action=outcome.parsed.action,
+                invalid_reason=info.get("invalid_reason") if not info.get("action_is_valid", False) else None,
+            )
+        except Exception as exc:
+            self._drop(slot)
+            return EnvState(error=_describe_error(exc))
+
+    def _drop(self, slot: int) -> None:
+        self.envs.pop(slot, None)
+        self._made_with.pop(slot, None)
+
+    def call(self, method: str, request: Any) -> list[EnvState]:
+        """Dispatch ``method`` (``"reset"`` or ``"step"``) by name: the entry point of remote workers."""
+        if method == "reset":
+            return self.reset(request)
+        if method == "step":
+            return self.step(request)
+        raise ValueError(f"unknown worker method {method!r}")
+
+
+class InProcessExecutor:
+    """Every environment in this process (the default): no copying, no parallelism."""
+
+    def __init__(self) -> None:
+        self.worker = EnvWorker()
+
+    def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
+        """Reset the requested slots."""
+        return self.worker.reset(requests)
+
+    def step(self, request: StepRequest) -> list[EnvState]:
+        """Step the requested slots."""
+        return self.worker.step(request)
+
+    def close(self) -> None:
+        """Drop the environments."""
+        self.worker.envs.clear()
+
+
+class _PoolExecutor:
+    """Slots spread over ``num_workers`` remote workers (slot ``s`` on worker ``s % num_workers``).
+
+    Subclasses say how to start a worker, send it a batch and wait for the answer.
+    """
+
+    def __init__(self, num_workers: int):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.num_workers = num_workers
+        self.workers: list[Any] = [self._start(i) for i in range(num_workers)]
+        self.histories: dict[int, tuple[ResetRequest, list[StepRequest]]] = {}
+        self.restarts = 0
+
+    # -- what a backend provides
+    def _start(self, index: int) -> Any:
+        raise NotImplementedError
+
+    def _send(self, worker: Any, method: str, request: Any) -> Any:
+        raise NotImplementedError
+
+    def _receive(self, worker: Any, pending: Any) -> list[EnvState]:
+        """Wait for the answer to ``pending``; raise ``WorkerDied`` if the worker died."""
+        raise NotImplementedError
+
+    def _stop(self, worker: Any) -> None:
+        raise NotImplementedError
+
+    # -- the shared logic
+    def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
+        """Reset the requested slots on their workers, in parallel."""
+        for request in requests:
+            self.histories[request.slot] = (request, [])
+        shards = self._shards([r.slot for r in requests])
+        return self._run("reset", shards, len(requests), lambda positions: [requests[p] for p in positions])
+
+    def step(self, request: StepRequest) -> list[EnvState]:
+        """Step the requested slots on their workers, in parallel."""
+        for slot, reply in zip(request.slots, request.replies):
+            if slot in self.histories:
+                self.histories[slot][1].append(StepRequest([slot], [reply], request.fmt, request.expert))
+        shards = self._shards(request.slots)
+        return self._run("step", shards, len(request.slots), request.subset)
+
+    def _shards(self, slots: Sequence[int]) -> dict[int, list[int]]:
+        """Positions in ``slots`` grouped by the worker that holds each slot."""
+        shards: dict[int, list[int]] = {}
+        for position, slot in enumerate(slots):
+            shards.setdefault(slot % self.num_workers, []).append(position)
+        return shards
+
+    def _run(self, method: str, shards: dict[int, list[int]], total: int, part: Any) -> list[EnvState]:
+        parts = {w: part(positions) for w, positions in shards.items()}
+        pending = {w: self._send(self.workers[w], method, parts[w]) for w in shards}
+        results: list[EnvState] = [EnvState(error="lost result")] * total
+        for w, positions in shards.items():
+            try:
+                answers = self._receive(self.workers[w], pending[w])
+            except WorkerDied:
+                answers = self._recover(w, method, parts[w])
+            slots = self._slots_of(parts[w])
+            for position, slot, answer in zip(positions, slots, answers):
+                results[position] = answer
+                if answer.error is not None:
+                    self.histories.pop(slot, None)
+        return results
+
+    @staticmethod
+    def _slots_of(part: Any) -> list[int]:
+        return list(part.slots) if isinstance(part, StepRequest) else [r.slot for r in part]
+
+    def _recover(self, w: int, method: str, part: Any) -> list[EnvState]:
+        """Replace dead worker ``w``, replay its slots' histories, and retry ``part`` once."""
+        slots = self._slots_of(part)
+        for _ in range(2):
+            self._replace(w)
+            try:
+                self._replay(w, set(slots))
+                return self._receive(self.workers[w], self._send(self.workers[w], method, part))
+            except WorkerDied:
+                continue
+        for slot in slots:
+            self.histories.pop(slot, None)
+        return [EnvState(error=f"WorkerDied: the worker died twice while running this {method}") for _ in slots]
+
+    def _replace(self, w: int) -> None:
+        try:
+            self._stop(self.workers[w])
+        except Exception:  # the worker is already dead; its handle may be unusable
+            pass
+        self.workers[w] = self._start(w)
+        self.restarts += 1
+
+    def _replay(self, w: int, current: set[int]) -> None:
+        """Rebuild the worker's environments: reset with the same seeds, then the same replies.
+
+        The replies of the request being retried (slots in ``current``) are not replayed: the
+        retry applies them.
+        """
+        slots = [s for s in self.histories if s % self.num_workers == w]
+        if not slots:
+            return
+        worker = self.workers[w]
+        self._receive(worker, self._send(worker, "reset", [self.histories[s][0] for s in slots]))
+        todo = {s: self.histories[s][1][: len(self.histories[s][1]) - (s in current)] for s in slots}
+        for i in range(max(len(steps) for steps in todo.values())):
+            batch = [steps[i] for steps in todo.values() if i < len(steps)]
+            merged = StepRequest([r.slots[0] for r in batch], [r.replies[0] for r in batch], batch[0].fmt, batch[0].expert)
+            self._receive(worker, self._send(worker, "step", merged))
+
+    def close(self) -> None:
+        """Stop every worker."""
+        for worker in self.workers:
+            try:
+                self._stop(worker)
+            except Exception:  # stopping an already-dead worker must not mask the caller's error
+                pass
+        self.workers = []
+
+    def __enter__(self) -> _PoolExecutor:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+def _process_main(conn: Any) -> None:
+    """A pool process: answer ``(method, request)`` messages until ``None`` or the pipe closes."""
+    import envhub  # noqa: F401  (loads the plugins, so every registered id can be made)
+
+    worker = EnvWorker()
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        method, request = message
+        conn.send(worker.call(method, request))
+
+
+@dataclasses.dataclass
+class _Process:
+    process: Any
+    conn: Any
+
+
+class ProcessPoolExecutor(_PoolExecutor):
+    """Environments in ``num_workers`` separate processes, for slow envs or ones that must be isolated.
+
+    Args:
+        num_workers: how many processes.
+        start_method: the multiprocessing start method (``"spawn"`` is safe with threads and torch).
+    """
+
+    def __init__(self, num_workers: int = 2, start_method: str = "spawn"):
+        self.context = multiprocessing.get_context(start_method)
+        super().__init__(num_workers)
+
+    def _start(self, index: int) -> _Process:
+        parent, child = self.context.Pipe()
+        process = self.context.Process(target=_process_main, args=(child,), daemon=True, name=f"envhub-env-{index}")
+        process.start()
+        child.close()  # so that recv sees EOF when the worker dies
+        return _Process(process, parent)
+
+    def _send(self, worker: _Process, method: str, request: Any) -> None:
+        try:
+            worker.conn.send((method, request))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # the worker is dead: _receive reports it
+
+    def _receive(self, worker: _Process, pending: Any) -> list[EnvState]:
+        try:
+            return worker.conn.recv()
+        except (EOFError, ConnectionResetError, OSError) as exc:
+            raise WorkerDied(f"env worker {worker.process.name} died (exit code {worker.process.exitcode})") from exc
+
+    def _stop(self, worker: _Process) -> None:
+        if worker.process.is_alive():
+            try:
+                worker.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        worker.conn.close()
+
+
+class RayExecutor(_PoolExecutor):
+    """Environments in ``num_workers`` Ray actors, on this machine or across a Ray cluster.
+
+    Needs ``pip install envhub[ray]``; starts a local Ray if none is running.
+
+    Args:
+        num_workers: how many actors.
+        num_cpus: CPUs each actor reserves.
+    """
+
+    def __init__(self, num_workers: int = 2, num_cpus: float = 1.0):
+        try:
+            import ray
+        except ImportError as exc:
+            raise EnvhubError("the Ray executor needs Ray: pip install 'envhub[ray]'") from exc
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        self.actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_RayEnvWorker)
+        super().__init__(num_workers)
+
+    def _start(self, index: int) -> Any:
+        return self.actor_class.remote()
+
+    def _send(self, worker: Any, method: str, request: Any) -> Any:
+        return worker.call.remote(method, request)
+
+    def _receive(self, worker: Any, pending: Any) -> list[EnvState]:
+        try:
+            return self.ray.get(pending)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError) as exc:
+            raise WorkerDied(f"env actor died: {shorten(str(exc), 200)}") from exc
+
+    def _stop(self, worker: Any) -> None:
+        self.ray.kill(worker, no_restart=True)
+
+
+class _RayEnvWorker(EnvWorker):
+    """An ``EnvWorker`` that loads the plugins first (a fresh Ray worker has not imported envhub)."""
+
+    def __init__(self) -> None:
+        import envhub  # noqa: F401
+
+        super().__init__()
+
+
+def make_executor(name: str, num_workers: int = 2) -> InProcessExecutor | ProcessPoolExecutor | RayExecutor:
+    """Build an executor by name: ``"inprocess"``, ``"process"`` or ``"ray"``."""
+    if name == "inprocess":
+        return InProcessExecutor()
+    if name == "process":
+        return ProcessPoolExecutor(num_workers)
+    if name == "ray":
+        return RayExecutor(num_workers)
+    raise ValueError(f"unknown executor {name!r}; choose inprocess, process or ray")

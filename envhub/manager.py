@@ -1,0 +1,318 @@
+"""``EnvGroupManager``: ``num_groups x group_size`` environments that start each group from one seed.
+
+GRPO and GiGPO compare several attempts at the same task, so every member of a group resets with
+the same seed; group seeds come from one base seed and the batch's ``epoch``, so a validation set
+is the same in every run. The manager renders each live environment's conversation as chat
+messages (and token ids, given a tokenizer), applies the generator's replies through an
+executor, and records a :class:`~envhub.rollout.Trajectory` per environment.
+
+Episodes end when the environment terminates or truncates (its turn limit is ``max_turns``), when
+the environment raises (recorded with the error), or when the next prompt would not fit
+``max_prompt_tokens`` (recorded as truncated, end reason ``"context"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from envhub.actions import TagFormat, get_format
+from envhub.chat import ChatRenderer, ChatTokens
+from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
+from envhub.generation import Completion, Prompt
+from envhub.registration import spec
+from envhub.rollout import Trajectory, Turn
+
+#: The sample layouts: one sample per episode, or one per turn with a window of history.
+LAYOUTS = ("trajectory", "step")
+
+
+def group_seeds(base_seed: int, epoch: int, num_groups: int) -> list[int]:
+    """The reset seed of each group of batch ``epoch``: a pure function of ``base_seed`` and ``epoch``."""
+    state = np.random.SeedSequence([base_seed, epoch]).generate_state(num_groups, dtype=np.uint32)
+    return [int(s) for s in state]
+
+
+class _Slot:
+    """One environment's live state in the manager."""
+
+    __slots__ = ("env_id", "trajectory", "observation", "valid_actions", "expert_action", "state_key",
+                 "max_turns", "context", "next_input", "active")
+
+    def __init__(self, env_id: str, trajectory: Trajectory):
+        self.env_id = env_id
+        self.trajectory = trajectory
+        self.observation = ""
+        self.valid_actions: list[str] | None = None
+        self.expert_action: str | None = None
+        self.state_key = ""
+        self.max_turns: int | None = None
+        self.context: list[int] = []
+        self.next_input: list[int] = []
+        self.active = False
+
+
+class EnvGroupManager:
+    """Groups of environments of one id (or a mix of ids), rendered as chat, stepped in batches.
+
+    Args:
+        env_id: an environment id, or a mapping ``{env_id: number_of_groups}`` for a mix (groups
+            are assigned to ids in the mapping's order, as ROLL's tags partition its envs).
+        num_groups: how many groups; with a mapping, None or the mapping's total.
+        group_size: environments per group, all reset with the group's seed.
+        seed: the base seed every group seed is derived from.
+        max_turns: the turn limit of every episode; None keeps each id's registered limit.
+        env_kwargs: keyword arguments for ``envhub.make``; with a mapping of ids, a mapping from
+            id to its keyword arguments.
+        layout: ``"trajectory"`` (one sample per episode) or ``"step"`` (one per turn).
+        history_turns: in the step layout, how many earlier turns each prompt shows.
+        tokenizer: a Hugging Face tokenizer with a chat template; None keeps the manager in text
+            (no token ids), enough for model-free policies.
+        max_prompt_tokens: the context budget: an episode whose next prompt would be longer ends,
+            truncated. None for no budget. Needs a tokenizer.
+        format_penalty: added to the reward of every invalid reply (format or illegal action).
+        action_format: the reply format, by name (``"answer"``, ``"think-answer"``) or a ``TagFormat``.
+        system_prompt: text put before each environment's instructions.
+        show_legal_actions: list the legal actions in each user message.
+        executor: where the environments live (default: in this process).
+    """
+
+    def __init__(
+        self,
+        env_id: str | Mapping[str, int],
+        num_groups: int | None = None,
+        group_size: int = 8,
+        *,
+        seed: int = 0,
+        max_turns: int | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        layout: str = "trajectory",
+        history_turns: int = 2,
+        tokenizer: Any | None = None,
+        max_prompt_tokens: int | None = None,
+        format_penalty: float = 0.0,
+        action_format: str | TagFormat = "answer",
+        system_prompt: str | None = None,
+        show_legal_actions: bool = True,
+        executor: Any | None = None,
+    ):
+        if isinstance(env_id, str):
+            if num_groups is None:
+                raise ValueError("num_groups is required with a single env id")
+            partition = {env_id: num_groups}
+            kwargs_by_id = {env_id: dict(env_kwargs or {})}
+        else:
+            partition = dict(env_id)
+            if num_groups is not None and num_groups != sum(partition.values()):
+                raise ValueError(f"num_groups={num_groups} disagrees with the partition {partition} (total {sum(partition.values())})")
+            kwargs_by_id = {i: dict((env_kwargs or {}).get(i, {})) for i in partition}
+        for i, count in partition.items():
+            if count < 1:
+                raise ValueError(f"every env id needs at least one group; {i} has {count}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be at least 1, got {group_size}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {history_turns}")
+        if max_prompt_tokens is not None and tokenizer is None:
+            raise ValueError("max_prompt_tokens counts tokens: give the manager a tokenizer too")
+        self.specs = {i: spec(i) for i in partition}  # an unknown id fails here, with suggestions
+        self.group_ids: list[str] = [i for i, count in partition.items() for _ in range(count)]
+        self.num_groups = len(self.group_ids)
+        self.group_size = group_size
+        self.seed = seed
+        self.max_turns = max_turns
+        self.env_kwargs = kwargs_by_id
+        self.layout = layout
+        self.history_turns = history_turns
+        self.max_prompt_tokens = max_prompt_tokens
+        self.format_penalty = float(format_penalty)
+        self.fmt = get_format(action_format) if isinstance(action_format, str) else action_format
+        self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions)
+        self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
+        self.executor = executor if executor is not None else InProcessExecutor()
+        #: Whether prompts carry the expert's action (set by ``rollout`` for generators that use it).
+        self.expert_hints = False
+        self._slots: list[_Slot] = []
+        self._order: list[int] = []
+
+    @property
+    def num_envs(self) -> int:
+        """``num_groups * group_size``."""
+        return self.num_groups * self.group_size
+
+    @property
+    def num_active(self) -> int:
+        """How many episodes are still running."""
+        return sum(slot.active for slot in self._slots)
+
+    def reset(self, epoch: int = 0, seeds: Sequence[int] | None = None) -> None:
+        """Start a new batch: every group resets with its seed and every episode starts afresh.
+
+        Args:
+            epoch: picks the group seeds from the base seed (see :func:`group_seeds`).
+            seeds: one seed per group, instead of the derived ones.
+        """
+        if seeds is None:
+            seeds = group_seeds(self.seed, epoch, self.num_groups)
+        elif len(seeds) != self.num_groups:
+            raise ValueError(f"need one seed per group: {self.num_groups} groups, {len(seeds)} seeds")
+        self._slots = []
+        requests = []
+        for group, env_id in enumerate(self.group_ids):
+            for member in range(self.group_size):
+                index = group * self.group_size + member
+                trajectory = Trajectory(env_id, group, member, int(seeds[group]), index, self.layout)
+                self._slots.append(_Slot(env_id, trajectory))
+                requests.append(
+                    ResetRequest(index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self.max_turns, self.expert_hints)
+                )
+        for slot, state in zip(self._slots, self.executor.reset(requests)):
+            if state.error is not None:
+                self._end(slot, "error", error=state.error)
+                continue
+            slot.active = True
+            slot.max_turns = state.max_turns
+            slot.trajectory.system = self.renderer.system(state.instructions)
+            self._observe(slot, state)
+            if self.tokens is not None:
+                ids = self.tokens.prompt(self._prompt_messages(slot))
+                slot.next_input = ids
+                slot.context = list(ids) if self.layout == "trajectory" else []
+                self._check_budget(slot)
+        self._order = []
+
+    def prompts(self) -> list[Prompt]:
+        """The prompt of every running episode, in slot order; ``step`` takes replies in this order.
+
+        Prompts carry token ids when the manager has a tokenizer, and the chat messages when it
+        has none (for generators that talk to a chat API).
+        """
+        self._order = [i for i, slot in enumerate(self._slots) if slot.active]
+        prompts = []
+        for i in self._order:
+            slot = self._slots[i]
+            if self.tokens is None:
+                prompts.append(Prompt([], self._prompt_messages(slot), slot.valid_actions, slot.expert_action))
+            else:
+                ids = slot.context if self.layout == "trajectory" else slot.next_input
+                prompts.append(Prompt(list(ids), [], slot.valid_actions, slot.expert_action))
+        return prompts
+
+    def step(self, replies: Sequence[Completion | str]) -> None:
+        """Apply one reply per prompt of the last ``prompts()`` call, in that order.
+
+        Raises:
+            ValueError: if the number of replies differs from the number of prompts.
+        """
+        if len(replies) != len(self._order):
+            raise ValueError(f"got {len(replies)} replies for {len(self._order)} prompts; call prompts() first")
+        texts = [r if isinstance(r, str) else r.text for r in replies]
+        states = self.executor.step(StepRequest(self._order, texts, self.fmt, self.expert_hints))
+        for i, reply, text, state in zip(self._order, replies, texts, states):
+            self._apply(self._slots[i], reply, text, state)
+        self._order = []
+
+    def trajectories(self) -> list[Trajectory]:
+        """Every episode of the batch in slot order (group by group, member by member)."""
+        return [slot.trajectory for slot in self._slots]
+
+    def close(self) -> None:
+        """Release the executor's environments and workers."""
+        self.executor.close()
+
+    def __enter__(self) -> EnvGroupManager:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _observe(self, slot: _Slot, state: EnvState) -> None:
+        slot.observation = state.observation
+        slot.valid_actions = state.valid_actions
+        slot.expert_action = state.expert_action
+        slot.state_key = state.info["state_key"]
+        trajectory = slot.trajectory
+        trajectory.pending_user = self.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
+
+    def _prompt_messages(self, slot: _Slot) -> list[dict[str, str]]:
+        messages = slot.trajectory.messages
+        if self.layout == "trajectory":
+            return messages
+        window = 2 * self.history_turns + 1
+        return [messages[0], *messages[max(1, len(messages) - window) :]]
+
+    def _apply(self, slot: _Slot, reply: Completion | str, text: str, state: EnvState) -> None:
+        trajectory = slot.trajectory
+        if state.error is not None:
+            self._end(slot, "error", error=state.error)
+            return
+        info = state.info
+        valid = info["action_is_valid"]
+        reward = state.reward
+        if isinstance(reply, str):
+            ids: Sequence[int] = ()
+            logprobs: Sequence[float] = ()
+            finish = "stop"
+        else:
+            ids, logprobs, finish = reply.token_ids, reply.logprobs, reply.finish_reason
+        trajectory.turns.append(
+            Turn(
+                len(trajectory.turns),
+                trajectory.pending_user,
+                slot.observation,
+                text,
+                state.action,
+                reward if valid else reward + self.format_penalty,
+                reward,
+                valid,
+                state.format_valid,
+                slot.state_key,
+                info["state_key"],
+                state.terminated,
+                state.truncated,
+                slot.next_input,
+                ids,
+                logprobs,
+                finish,
+                state.invalid_reason,
+            )
+        )
+        trajectory.success = info["success"]
+        if state.terminated or state.truncated:
+            self._end(slot, "terminated" if state.terminated else "truncated")
+            return
+        self._observe(slot, state)
+        if self.tokens is None:
+            return
+        if self.layout == "trajectory":
+            user = {"role": "user", "content": trajectory.pending_user}
+            following = self.tokens.continuation(ids, finish, [user])
+            slot.context += ids
+            slot.context += following
+            slot.next_input = following
+        else:
+            slot.next_input = self.tokens.prompt(self._prompt_messages(slot))
+        self._check_budget(slot)
+
+    def _check_budget(self, slot: _Slot) -> None:
+        if self.max_prompt_tokens is None:
+            return
+        length = len(slot.context) if self.layout == "trajectory" else len(slot.next_input)
+        if length > self.max_prompt_tokens:
+            self._end(slot, "context")
+
+    def _end(self, slot: _Slot, reason: str, error: str | None = None) -> None:
+        slot.active = False
+        slot.context = []
+        trajectory = slot.trajectory
+        trajectory.pending_user = None
+        trajectory.end_reason = reason
+        trajectory.error = error
+        trajectory.terminated = reason == "terminated"
+        trajectory.truncated = reason in ("truncated", "context")

@@ -1,0 +1,109 @@
+"""Small environments that misbehave on purpose, for the manager and executor tests.
+
+They are registered by fixtures only while a test runs, so the checker over every registered env
+never sees them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+import envhub
+from envhub.core import DiscreteTextEnv
+from envhub.registration import registry
+
+#: Seed on which ``FlakyEnv.reset`` raises.
+BAD_SEED = 13
+
+
+class FlakyEnv(DiscreteTextEnv):
+    """Count up with ``Ok``; ``Win`` ends the episode with reward 1; ``Boom`` raises; seed 13 fails to reset."""
+
+    action_names = ("Ok", "Boom", "Win")
+    instructions = "Say Ok to count, Win to finish."
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self.np_random_seed == BAD_SEED:
+            raise RuntimeError("cannot reset with the bad seed")
+        self.count = int(self.np_random.integers(0, 100))
+        self.won = False
+        return self.render_text(), {}
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if action == "Boom":
+            raise RuntimeError("boom")
+        if action == "Win":
+            self.won = True
+            return self.render_text(), 1.0, True, {}
+        self.count += 1
+        return self.render_text(), 0.0, False, {}
+
+    def state_key(self) -> str:
+        return f"count={self.count} won={self.won}"
+
+    def is_success(self) -> bool:
+        return self.won
+
+    def render_text(self) -> str:
+        return f"count is {self.count}"
+
+    def expert_action(self) -> str:
+        return "Win"
+
+
+class ExitEnv(FlakyEnv):
+    """``Boom`` kills the whole process, as a segfaulting native library would."""
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if action == "Boom":
+            os._exit(3)
+        return super()._step(action)
+
+
+class CharTokenizer:
+    """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
+
+    SPECIALS = ("<|pad|>", "<|im_start|>", "<|im_end|>")
+    eos_token_id = 2
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n"
+        return self.encode(text) if tokenize else text
+
+    def encode(self, text, add_special_tokens=False):
+        ids, i = [], 0
+        while i < len(text):
+            for sid, special in enumerate(self.SPECIALS):
+                if text.startswith(special, i):
+                    ids.append(sid)
+                    i += len(special)
+                    break
+            else:
+                ids.append(len(self.SPECIALS) + ord(text[i]))
+                i += 1
+        return ids
+
+    def decode(self, ids, skip_special_tokens=False):
+        out = []
+        for t in ids:
+            if t < len(self.SPECIALS):
+                if not skip_special_tokens:
+                    out.append(self.SPECIALS[t])
+            else:
+                out.append(chr(t - len(self.SPECIALS)))
+        return "".join(out)
+
+
+@pytest.fixture
+def flaky_env():
+    """Register ``test/Flaky-v0`` and ``test/Exit-v0`` for one test; yield the first id."""
+    envhub.register("test/Flaky-v0", "helper_envs:FlakyEnv", max_turns=5)
+    envhub.register("test/Exit-v0", "helper_envs:ExitEnv", max_turns=5)
+    yield "test/Flaky-v0"
+    registry.remove("test/Flaky-v0")
+    registry.remove("test/Exit-v0")

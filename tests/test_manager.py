@@ -1,0 +1,277 @@
+"""EnvGroupManager, rollout records and model-free generators (no torch needed)."""
+
+from __future__ import annotations
+
+import pytest
+from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixture)
+
+import envhub
+from envhub.error import PolicyError, UnknownEnv
+from envhub.generation import (
+    POLICIES,
+    Completion,
+    ExpertGenerator,
+    RandomGenerator,
+    SamplingParams,
+    get_policy,
+    request_seeds,
+)
+from envhub.manager import EnvGroupManager, group_seeds
+from envhub.rollout import Trajectory, Turn, batch_metrics, rollout, to_samples
+
+LAKE = "frozenlake/FrozenLake-v0"
+
+
+def first_user_messages(manager: EnvGroupManager) -> list[str]:
+    return [t.pending_user for t in manager.trajectories()]
+
+
+def summary(trajectories: list[Trajectory]) -> list[tuple]:
+    return [(t.seed, t.group_id, t.member, t.end_reason, t.error, [(u.reply, u.reward, u.state_key) for u in t.turns]) for t in trajectories]
+
+
+def test_members_of_a_group_start_alike_and_groups_differ():
+    manager = EnvGroupManager(LAKE, num_groups=6, group_size=4, seed=3)
+    manager.reset()
+    firsts = first_user_messages(manager)
+    groups = [firsts[g * 4 : (g + 1) * 4] for g in range(6)]
+    assert all(len(set(group)) == 1 for group in groups)
+    assert len({group[0] for group in groups}) > 1
+    seeds = [t.seed for t in manager.trajectories()]
+    assert seeds == [s for s in group_seeds(3, 0, 6) for _ in range(4)]
+
+
+def test_seeds_come_from_the_base_seed_and_epoch():
+    assert group_seeds(7, 0, 5) == group_seeds(7, 0, 5)
+    assert group_seeds(7, 0, 5) != group_seeds(7, 1, 5)
+    assert group_seeds(7, 0, 5) != group_seeds(8, 0, 5)
+    runs = []
+    for _ in range(2):
+        manager = EnvGroupManager(LAKE, 3, 2, seed=11)
+        runs.append(summary(rollout(manager, RandomGenerator(seed=5), epoch=2)))
+    assert runs[0] == runs[1]
+
+
+def test_explicit_seeds_and_wrong_seed_count():
+    manager = EnvGroupManager(LAKE, 2, 2)
+    manager.reset(seeds=[5, 6])
+    assert [t.seed for t in manager.trajectories()] == [5, 5, 6, 6]
+    with pytest.raises(ValueError, match="one seed per group"):
+        manager.reset(seeds=[1])
+
+
+def test_a_mix_of_ids_is_partitioned_by_group(flaky_env):
+    manager = EnvGroupManager({LAKE: 2, flaky_env: 1}, group_size=3, env_kwargs={LAKE: {"is_slippery": False}})
+    assert manager.group_ids == [LAKE, LAKE, flaky_env]
+    trajectories = rollout(manager, ExpertGenerator())
+    assert [t.env_id for t in trajectories] == [LAKE] * 6 + [flaky_env] * 3
+    assert all(t.success for t in trajectories[6:])
+    with pytest.raises(ValueError, match="disagrees"):
+        EnvGroupManager({LAKE: 2}, num_groups=3)
+
+
+def test_unknown_id_fails_at_construction():
+    with pytest.raises(UnknownEnv):
+        EnvGroupManager("frozenlake/FrozenLak-v0", 1, 1)
+
+
+def test_chat_rendering_invalid_feedback_and_format_penalty(flaky_env):
+    manager = EnvGroupManager(flaky_env, 1, 2, format_penalty=-0.25)
+    manager.reset()
+    prompts = manager.prompts()
+    system, first = prompts[0].messages[0]["content"], prompts[0].messages[1]["content"]
+    assert "Say Ok to count" in system and "<answer>" in system
+    assert first.startswith("Turn 1 of 5; 5 actions left.\ncount is ")
+    assert first.endswith("Legal actions: Ok, Boom, Win")
+    manager.step(["no tags at all", "<answer>Ok</answer>"])
+    bad, good = manager.trajectories()
+    assert (bad.turns[0].action_is_valid, bad.turns[0].format_valid, bad.turns[0].reward) == (False, False, -0.25)
+    assert (good.turns[0].action_is_valid, good.turns[0].reward) == (True, 0.0)
+    assert "answer" in bad.turns[0].invalid_reason
+    assert bad.pending_user.startswith("Turn 2 of 5; 4 actions left.\nInvalid action:")
+    assert bad.turns[0].next_state_key == bad.turns[0].state_key  # an invalid reply changes nothing
+    manager.prompts()
+    manager.step(["<answer>Jump</answer>", "<answer>Win</answer>"])
+    assert bad.turns[1].format_valid and not bad.turns[1].action_is_valid and bad.turns[1].reward == -0.25
+    assert good.end_reason == "terminated" and good.success and good.episode_return == 1.0
+    assert [m["role"] for m in good.messages] == ["system", "user", "assistant", "user", "assistant"]
+
+
+def test_max_turns_truncates(flaky_env):
+    manager = EnvGroupManager(flaky_env, 1, 2, max_turns=3)
+    manager.reset()
+    while manager.prompts():
+        manager.step(["<answer>Ok</answer>"] * manager.num_active)
+    for trajectory in manager.trajectories():
+        assert trajectory.num_turns == 3 and trajectory.truncated and not trajectory.terminated
+        assert trajectory.end_reason == "truncated" and trajectory.turns[-1].truncated
+
+
+def test_an_env_that_raises_ends_only_its_own_episode(flaky_env):
+    manager = EnvGroupManager(flaky_env, 2, 2)
+    manager.reset(seeds=[BAD_SEED, 1])
+    failed = manager.trajectories()[:2]
+    assert all(t.end_reason == "error" and "cannot reset" in t.error and not t.turns for t in failed)
+    assert len(manager.prompts()) == 2
+    manager.step(["<answer>Boom</answer>", "<answer>Ok</answer>"])
+    boom, ok = manager.trajectories()[2:]
+    assert boom.end_reason == "error" and "RuntimeError: boom" in boom.error
+    assert ok.end_reason is None and ok.num_turns == 1
+    manager.prompts()
+    manager.step(["<answer>Win</answer>"])
+    assert ok.success and manager.num_active == 0
+
+
+def test_step_needs_one_reply_per_prompt():
+    manager = EnvGroupManager(LAKE, 1, 2)
+    manager.reset()
+    manager.prompts()
+    with pytest.raises(ValueError, match="2 prompts"):
+        manager.step(["<answer>Left</answer>"])
+
+
+def test_expert_generator_solves_the_deterministic_lake():
+    manager = EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 8, 2, seed=0)
+    metrics = batch_metrics(rollout(manager, ExpertGenerator()))
+    assert metrics["success_rate"] == 1.0 and metrics["invalid_action_rate"] == 0.0
+
+
+def test_trajectory_layout_is_token_exact_with_env_tokens_masked():
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(LAKE, 2, 2, seed=1, tokenizer=tokenizer, max_turns=6)
+    trajectories = rollout(manager, RandomGenerator(seed=0, tokenizer=tokenizer))
+    for trajectory in trajectories:
+        sample = trajectory.sample()
+        expected = tokenizer.apply_chat_template(trajectory.messages, tokenize=True)
+        # The conversation's template rendering, minus the "\n" after the final <|im_end|> that was never sampled.
+        assert sample.prompt_ids + sample.completion_ids == expected[:-1]
+        model = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+        assert model == [t for turn in trajectory.turns for t in turn.completion_ids]
+        assert len(sample.logprobs) == len(sample.completion_ids) == len(sample.turn_ids)
+        assert sorted(set(sample.turn_ids)) == list(range(trajectory.num_turns))
+
+
+def test_sampled_ids_are_kept_even_when_not_canonical():
+    """A reply sampled as odd tokens (here: an extra pad token) is trained as sampled, never re-tokenised."""
+    tokenizer = CharTokenizer()
+
+    class OddGenerator:
+        def generate(self, prompts, sampling):
+            ids = tokenizer.encode("<answer>Left</answer>") + [0, tokenizer.eos_token_id]
+            return [Completion(ids, [-0.5] * len(ids), "<answer>Left</answer>") for _ in prompts]
+
+    manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_turns=3)
+    trajectory = rollout(manager, OddGenerator())[0]
+    sample = trajectory.sample()
+    model = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+    assert model.count(0) == trajectory.num_turns
+    assert [lp for lp, m in zip(sample.logprobs, sample.env_mask) if m] == [-0.5] * len(model)
+
+
+def test_a_reply_cut_by_length_gets_its_turn_closed_by_env_tokens():
+    tokenizer = CharTokenizer()
+
+    class Truncated:
+        def generate(self, prompts, sampling):
+            ids = tokenizer.encode("<answer>Le")
+            return [Completion(ids, [0.0] * len(ids), "<answer>Le", "length") for _ in prompts]
+
+    manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_turns=2)
+    trajectory = rollout(manager, Truncated())[0]
+    second = trajectory.turns[1].input_ids
+    assert tokenizer.decode(second).startswith("<|im_end|>\n<|im_start|>user\nTurn 2 of 2")
+    assert not trajectory.turns[0].action_is_valid
+
+
+def test_step_layout_windows_the_history(flaky_env):
+    tokenizer = CharTokenizer()
+
+    class SayOk:
+        def generate(self, prompts, sampling):
+            ids = tokenizer.encode("<answer>Ok</answer>") + [tokenizer.eos_token_id]
+            return [Completion(ids, [0.0] * len(ids), "<answer>Ok</answer>") for _ in prompts]
+
+    manager = EnvGroupManager(flaky_env, 1, 1, tokenizer=tokenizer, layout="step", history_turns=1)
+    trajectory = rollout(manager, SayOk())[0]
+    samples = trajectory.step_samples()
+    assert len(samples) == trajectory.num_turns == 5
+    third = tokenizer.decode(samples[2].prompt_ids)
+    assert third.count("<|im_start|>user") == 2 and third.count("<|im_start|>assistant") == 2  # one past turn + now
+    assert "Turn 2 of 5" in third and "Turn 1 of 5" not in third
+    assert all(s.env_mask == [1] * len(s.completion_ids) and s.turn_index == i for i, s in enumerate(samples))
+    assert to_samples([trajectory])[2].prompt_ids == samples[2].prompt_ids
+    with pytest.raises(ValueError, match="step layout"):
+        trajectory.sample()
+
+
+def test_context_budget_ends_the_episode_truncated():
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(LAKE, 1, 2, tokenizer=tokenizer, max_prompt_tokens=1200, max_turns=20)
+    first_prompt = len(tokenizer.apply_chat_template([], add_generation_prompt=True))
+    trajectories = rollout(manager, RandomGenerator(seed=2, tokenizer=tokenizer))
+    for trajectory in trajectories:
+        assert trajectory.end_reason in ("context", "terminated")
+        assert trajectory.end_reason != "context" or trajectory.truncated
+        assert len(trajectory.sample().prompt_ids) + len(trajectory.sample().completion_ids) <= 1200 + 64 + first_prompt
+    assert any(t.end_reason == "context" for t in trajectories)
+    tiny = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_prompt_tokens=10)
+    assert rollout(tiny, RandomGenerator(seed=0))[0].end_reason == "context"
+    with pytest.raises(ValueError, match="tokenizer"):
+        EnvGroupManager(LAKE, 1, 1, max_prompt_tokens=10)
+
+
+def test_batch_metrics_by_hand():
+    def trajectory(group: int, rewards: list[float], valid: list[bool], success: bool) -> Trajectory:
+        t = Trajectory("x/Y-v0", group, 0, 0, 0, success=success)
+        t.turns = [Turn(i, "u", "o", "r", None, r, r, v, v, "s", "s") for i, (r, v) in enumerate(zip(rewards, valid))]
+        return t
+
+    batch = [
+        trajectory(0, [0.0, 1.0], [True, True], True),
+        trajectory(0, [0.0, 0.0], [False, True], False),
+        trajectory(1, [-0.1, 0.0, 0.0, 0.0], [False, True, True, True], False),
+        trajectory(1, [0.0, 0.0], [True, True], False),
+    ]
+    metrics = batch_metrics(batch)
+    assert metrics["success_rate"] == 0.25
+    assert metrics["mean_return"] == pytest.approx((1.0 + 0.0 - 0.1 + 0.0) / 4)
+    assert metrics["invalid_action_rate"] == pytest.approx(2 / 10)
+    assert metrics["mean_turns"] == 2.5
+    assert metrics["reward_std_per_group"] == pytest.approx((0.5 + 0.05) / 2)
+    assert metrics["zero_std_group_fraction"] == 0.0
+    with pytest.raises(ValueError):
+        batch_metrics([])
+
+
+def test_request_seeds_differ_per_prompt_and_repeat_per_seed():
+    seeds = request_seeds(4, 8)
+    assert len(set(seeds)) == 8 and seeds == request_seeds(4, 8) and request_seeds(None, 2) == [None, None]
+
+
+def test_sampling_params_reject_nonsense():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="one logprob per token"):
+        Completion([1, 2], [0.0], "x")
+
+
+def test_get_policy_builtins_plugins_and_unknown_names():
+    assert set(POLICIES) <= {"random", "expert", "human"} | set(POLICIES)
+    assert type(get_policy("random", LAKE, seed=0)).__name__ == "RandomPolicy"
+
+    class Plugin:
+        @envhub.hookimpl
+        def make_policy(self, name, env_id, seed):
+            return POLICIES["expert"]() if name == "oracle-by-plugin" else None
+
+    from envhub.plugins import host
+
+    host.add(Plugin(), name="test-policy-plugin")
+    try:
+        assert type(get_policy("oracle-by-plugin", LAKE)).__name__ == "ExpertPolicy"
+        with pytest.raises(PolicyError, match="no policy called"):
+            get_policy("nobody-knows-me", LAKE)
+    finally:
+        host.remove("test-policy-plugin")
