@@ -311,18 +311,36 @@ class _PoolExecutor:
         return list(part.slots) if isinstance(part, StepRequest) else [r.slot for r in part]
 
     def _recover(self, w: int, method: str, part: Any) -> list[EnvState]:
-        """Replace dead worker ``w``, replay its slots' histories, and retry ``part`` once."""
+        """Replace dead worker ``w``, replay its slots' histories, and retry ``part``.
+
+        If the retry kills the worker again, the slots are retried one by one, so that only the
+        episodes whose own reply kills a worker end (with the error).
+        """
         slots = self._slots_of(part)
-        for _ in range(2):
+        try:
             self._replace(w)
-            try:
-                self._replay(w, set(slots))
-                return self._receive(self.workers[w], self._send(self.workers[w], method, part))
-            except WorkerDied:
-                continue
-        for slot in slots:
-            self.histories.pop(slot, None)
-        return [EnvState(error=f"WorkerDied: the worker died twice while running this {method}") for _ in slots]
+            self._replay(w, set(slots))
+            return self._receive(self.workers[w], self._send(self.workers[w], method, part))
+        except WorkerDied:
+            pass
+        answers: list[EnvState] = []
+        try:
+            self._replace(w)
+            self._replay(w, set(slots))
+            for position, slot in enumerate(slots):
+                single = part.subset([position]) if isinstance(part, StepRequest) else [part[position]]
+                try:
+                    answers.append(self._receive(self.workers[w], self._send(self.workers[w], method, single))[0])
+                except WorkerDied:
+                    self.histories.pop(slot, None)
+                    answers.append(EnvState(error=f"WorkerDied: this {method} killed its worker twice"))
+                    self._replace(w)
+                    self._replay(w, set(slots[position + 1 :]))
+        except WorkerDied:  # replaying histories that ran before killed it: give the rest up
+            answers += [EnvState(error=f"WorkerDied: the worker kept dying while recovering this {method}")] * (len(slots) - len(answers))
+            for slot in slots:
+                self.histories.pop(slot, None)
+        return answers
 
     def _replace(self, w: int) -> None:
         try:

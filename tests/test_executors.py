@@ -1,0 +1,124 @@
+"""Executors: in-process, process pool and Ray actors give the same episodes; failures stay contained."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helper_envs import flaky_env  # noqa: F401  (fixture)
+
+from envhub.executors import InProcessExecutor, ProcessPoolExecutor, make_executor
+from envhub.generation import RandomGenerator
+from envhub.manager import EnvGroupManager
+from envhub.rollout import rollout
+
+LAKE = "frozenlake/FrozenLake-v0"
+
+
+def summary(trajectories):
+    return [(t.seed, t.end_reason, t.error, t.success, [(u.reply, u.reward, u.state_key) for u in t.turns]) for t in trajectories]
+
+
+def play(executor, env_id=LAKE, groups=3, size=4, kill=None):
+    """Roll out a batch; ``kill(executor)`` runs after the second turn."""
+    manager = EnvGroupManager(env_id, groups, size, seed=5, executor=executor)
+    turns = [0]
+
+    def on_turn(m):
+        turns[0] += 1
+        if kill is not None and turns[0] == 2:
+            kill(executor)
+
+    return summary(rollout(manager, RandomGenerator(seed=9), epoch=1, on_turn=on_turn))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return play(InProcessExecutor())
+
+
+@pytest.fixture(scope="module")
+def pool():
+    executor = ProcessPoolExecutor(num_workers=2)
+    yield executor
+    executor.close()
+
+
+def test_process_pool_plays_the_same_episodes(pool, reference):
+    assert play(pool) == reference
+
+
+def test_a_dead_process_is_replaced_and_its_episodes_replayed(pool, reference):
+    before = pool.restarts
+
+    def kill(executor):
+        executor.workers[1].process.kill()
+        executor.workers[1].process.join()
+
+    assert play(pool, kill=kill) == reference
+    assert pool.restarts == before + 1
+
+
+def test_an_env_raising_in_a_worker_ends_only_its_episode(pool, flaky_env):
+    manager = EnvGroupManager(flaky_env, 1, 4, executor=pool)
+    manager.reset()
+    manager.prompts()
+    manager.step(["<answer>Ok</answer>", "<answer>Boom</answer>", "<answer>Ok</answer>", "<answer>Win</answer>"])
+    ended = [t.end_reason for t in manager.trajectories()]
+    assert ended == [None, "error", None, "terminated"]
+    assert "RuntimeError: boom" in manager.trajectories()[1].error
+    manager.prompts()
+    manager.step(["<answer>Win</answer>", "<answer>Win</answer>"])
+    assert [t.success for t in manager.trajectories()] == [True, False, True, True]
+
+
+def test_a_reply_that_kills_its_worker_twice_ends_those_episodes_only(flaky_env):
+    with ProcessPoolExecutor(num_workers=2) as executor:
+        manager = EnvGroupManager("test/Exit-v0", 1, 4, executor=executor)
+        manager.reset()
+        manager.prompts()
+        manager.step(["<answer>Ok</answer>", "<answer>Boom</answer>", "<answer>Ok</answer>", "<answer>Ok</answer>"])
+        trajectories = manager.trajectories()
+        assert trajectories[1].end_reason == "error" and "WorkerDied" in trajectories[1].error
+        assert [t.end_reason for t in trajectories[::2]] == [None, None]  # worker 0 untouched
+        assert trajectories[3].end_reason is None and trajectories[3].num_turns == 1  # replayed on the new worker
+        manager.prompts()
+        manager.step(["<answer>Win</answer>"] * 3)
+        assert [t.success for t in trajectories] == [True, False, True, True]
+
+
+def test_make_executor_names():
+    assert isinstance(make_executor("inprocess"), InProcessExecutor)
+    with pytest.raises(ValueError, match="unknown executor"):
+        make_executor("threads")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    tests_dir = str(Path(__file__).parent)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}},
+    )
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_actors_play_the_same_episodes_and_survive_a_dead_actor(ray_cluster, reference):
+    from envhub.executors import RayExecutor
+
+    executor = RayExecutor(num_workers=2)
+    try:
+        assert play(executor) == reference
+
+        def kill(ex):
+            ray_cluster.kill(ex.workers[0], no_restart=True)
+
+        assert play(executor, kill=kill) == reference
+        assert executor.restarts == 1
+    finally:
+        executor.close()
