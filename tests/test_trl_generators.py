@@ -1,0 +1,324 @@
+"""The trainer package's generators, tiny model, commands and model policy, on a tiny model built here.
+
+One vLLM engine and one ``vllm serve`` server per test session (vLLM's CPU start-up is slow); the
+server is launched when this module starts and is waited for only by the test that needs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import click  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from envhub.error import PolicyError  # noqa: E402
+from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams, get_policy  # noqa: E402
+from envhub.manager import EnvGroupManager  # noqa: E402
+from envhub.rollout import rollout  # noqa: E402
+
+LAKE = "frozenlake/FrozenLake-v0"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> Path:
+    from envhub_trl.tiny import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_path):
+    from envhub_trl.generators import HFGenerator
+
+    return HFGenerator.from_pretrained(tiny_path, batch_size=16, dtype="float32", device="cpu")
+
+
+def forward_logprobs(model, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """The model's log-probabilities of ``completion_ids`` after ``prompt_ids``, by one forward pass."""
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()
+
+
+# ---------------------------------------------------------------------------------------- vLLM server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, model: Path, log: Path):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        # `vllm serve` runs this module; vllm-cpu 0.31.0's `vllm` script looks up the distribution
+        # "vllm" (it is "vllm-cpu") and exits, so the module is started directly.
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
+            "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--seed", "0",
+        ]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        self.process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+    def wait(self, timeout: float = 300.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {self.process.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2):
+                    return self.url
+            except OSError:
+                time.sleep(1.0)
+        pytest.fail(f"vllm serve did not answer within {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, tmp_path_factory):
+    pytest.importorskip("vllm")
+    started = _Server(tiny_path, tmp_path_factory.mktemp("vllm-serve") / "server.log")
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def start_server_early(request):
+    """Launch the server as the module starts, so its slow start-up overlaps the other tests."""
+    if any("server" in item.fixturenames for item in request.session.items if item.module is request.module):
+        request.getfixturevalue("server")
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_path):
+    pytest.importorskip("vllm")
+    from envhub_trl.generators import VLLMGenerator
+
+    return VLLMGenerator(tiny_path, gpu_memory_utilization=0.1, max_model_len=2048, dtype="float32", enforce_eager=True)
+
+
+# ---------------------------------------------------------------------------------------- tiny model
+
+
+def test_tiny_model_is_qwen2_shaped_with_a_chat_template(tiny_path, tokenizer, hf):
+    config = hf.model.config
+    assert config.model_type == "qwen2" and config.hidden_size == 128 and config.num_attention_heads == 2
+    assert config.hidden_size // config.num_attention_heads == 64
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template
+    text = "Turn 3 of 20 ✓ — naïve 日本 <answer>Left</answer>"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+def test_rollout_is_token_exact_against_the_chat_template(tokenizer):
+    """Multi-turn FrozenLake: prompt + completion equal the template's own tokens of the whole conversation."""
+    manager = EnvGroupManager(LAKE, 2, 2, seed=4, tokenizer=tokenizer, max_turns=8)
+    trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer))
+    assert max(t.num_turns for t in trajectories) >= 3
+    for trajectory in trajectories:
+        sample = trajectory.sample()
+        full = sample.prompt_ids + sample.completion_ids
+        expected = tokenizer.apply_chat_template(trajectory.messages, tokenize=True, return_dict=False)
+        assert full == expected[: len(full)]
+        assert tokenizer.decode(expected[len(full) :]) == "\n"  # after the last <|im_end|>, never sampled
+        model_tokens = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+        assert model_tokens == [t for turn in trajectory.turns for t in turn.completion_ids]
+        env_text = tokenizer.decode([t for t, m in zip(sample.completion_ids, sample.env_mask) if not m])
+        assert env_text.count("<|im_start|>user") == trajectory.num_turns - 1
+
+
+# ---------------------------------------------------------------------------------------- HF generator
+
+
+def test_hf_generator_returns_sampled_ids_with_their_logprobs(hf, tokenizer):
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    completions = hf.generate([Prompt(prompt, [])] * 3, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0))
+    assert len({tuple(c.token_ids) for c in completions}) > 1  # rows sample independently
+    for completion in completions:
+        assert len(completion.token_ids) == len(completion.logprobs) <= 12
+        assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, prompt, completion.token_ids), abs=1e-4)
+        assert completion.finish_reason == ("stop" if completion.token_ids[-1] == tokenizer.eos_token_id else "length")
+        assert tokenizer.eos_token_id not in completion.token_ids[:-1]
+    again = hf.generate([Prompt(prompt, [])] * 3, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0))
+    assert [c.token_ids for c in again] == [c.token_ids for c in completions]
+
+
+def test_hf_rollout_trains_exactly_the_sampled_tokens(hf, tokenizer):
+    manager = EnvGroupManager(LAKE, 1, 2, tokenizer=tokenizer, max_turns=3)
+    trajectories = rollout(manager, hf, SamplingParams(max_new_tokens=8, seed=1))
+    for trajectory in trajectories:
+        sample = trajectory.sample()
+        assert trajectory.num_turns == 3 and sum(sample.env_mask) == sum(len(t.completion_ids) for t in trajectory.turns)
+        start = len(sample.prompt_ids)
+        full = sample.prompt_ids + sample.completion_ids
+        for turn in trajectory.turns:
+            start += len(turn.input_ids) if turn.index else 0
+            assert full[start : start + len(turn.completion_ids)] == list(turn.completion_ids)
+            start += len(turn.completion_ids)
+
+
+# ---------------------------------------------------------------------------------------- vLLM in-process
+
+
+def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
+    manager = EnvGroupManager(LAKE, 1, 3, tokenizer=tokenizer, max_turns=2)
+    manager.reset()
+    prompts = manager.prompts()
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
+    assert len({tuple(c.token_ids) for c in completions}) > 1  # same prompt, different per-request seeds
+    for prompt, completion in zip(prompts, completions):
+        assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, prompt.token_ids, completion.token_ids), abs=2e-3)
+    again = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
+    assert [c.token_ids for c in again] == [c.token_ids for c in completions]
+    manager.step(completions)
+    assert all(t.num_turns == 1 for t in manager.trajectories())
+
+
+def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer):
+    trained = copy.deepcopy(hf.model)
+    with torch.no_grad():
+        for parameter in trained.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    prompt = Prompt(tokenizer.apply_chat_template([{"role": "user", "content": "go"}], add_generation_prompt=True, tokenize=True, return_dict=False), [])
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    try:
+        engine.load_weights(trained)
+        completion = engine.generate([prompt], greedy)[0]
+        assert completion.logprobs == pytest.approx(forward_logprobs(trained, prompt.token_ids, completion.token_ids), abs=2e-3)
+        assert completion.logprobs != pytest.approx(forward_logprobs(hf.model, prompt.token_ids, completion.token_ids), abs=2e-3)
+    finally:
+        engine.load_weights(hf.model)
+    restored = engine.generate([prompt], greedy)[0]
+    assert restored.logprobs == pytest.approx(forward_logprobs(hf.model, prompt.token_ids, restored.token_ids), abs=2e-3)
+
+
+# ---------------------------------------------------------------------------------------- vLLM server
+
+
+def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer):
+    from envhub_trl.generators import VLLMServerGenerator
+
+    generator = VLLMServerGenerator(server.wait())
+    manager = EnvGroupManager(LAKE, 1, 2, tokenizer=tokenizer, max_turns=2)
+    trajectories = rollout(manager, generator, SamplingParams(max_new_tokens=10, temperature=1.0, seed=5))
+    for trajectory in trajectories:
+        sample = trajectory.sample()
+        context = list(sample.prompt_ids)
+        for turn in trajectory.turns:
+            context += list(turn.input_ids) if turn.index else []
+            assert len(turn.completion_ids) == len(turn.logprobs) > 0
+            assert list(turn.logprobs) == pytest.approx(forward_logprobs(hf.model, context, list(turn.completion_ids)), abs=2e-3)
+            context += list(turn.completion_ids)
+
+
+def test_vllm_server_client_reports_an_unreachable_server():
+    from envhub_trl.generators.vllm_server import ServerError, VLLMServerGenerator
+
+    with pytest.raises(ServerError, match="vllm serve"):
+        VLLMServerGenerator(f"http://127.0.0.1:{_free_port()}", timeout=2)
+
+
+# ---------------------------------------------------------------------------------------- commands
+
+
+@pytest.fixture
+def cli():
+    from envhub_trl import plugin
+
+    group = click.Group("envhub")
+    plugin.register_commands(cli=group)
+    return group
+
+
+def test_eval_command_prints_json(cli, tiny_path):
+    result = CliRunner().invoke(cli, ["eval", "frozenlake/FrozenLake-v0", "--model", str(tiny_path), "--episodes", "3", "--max-turns", "2", "--max-new-tokens", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == {"env_id", "episodes", "success_rate", "mean_return", "invalid_action_rate", "mean_turns"}
+    assert report["episodes"] == 3 and 0.0 <= report["success_rate"] <= 1.0 and 1.0 <= report["mean_turns"] <= 2.0
+
+
+def test_eval_command_with_the_vllm_generator(cli, tiny_path, engine, monkeypatch):
+    import envhub_trl.generators as generators
+
+    monkeypatch.setattr(generators, "VLLMGenerator", lambda path, **kwargs: engine)  # reuse the session's engine
+    result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tiny_path), "--episodes", "2", "--max-turns", "2", "--generator", "vllm"])
+    assert result.exit_code == 0, result.output
+    assert "success_rate" in result.output and "mean_turns" in result.output
+
+
+def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):
+    from datasets import load_from_disk
+    from trl.data_utils import is_conversational
+
+    out = tmp_path / "sft"
+    result = CliRunner().invoke(cli, ["export-sft", "frozenlake/FrozenLakeNotSlippery-v0", "--episodes", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    dataset = load_from_disk(str(out))
+    assert len(dataset) == 4 and all(dataset["success"])
+    row = dataset[0]
+    assert is_conversational(row)
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[0] == "system" and roles[-1] == "assistant" and roles[1:] == ["user", "assistant"] * ((len(roles) - 1) // 2)
+    assert all(m["content"].startswith("<answer>") for m in row["messages"] if m["role"] == "assistant")
+    assert tokenizer.apply_chat_template(row["messages"], tokenize=False).endswith("<|im_end|>\n")
+    again = CliRunner().invoke(cli, ["export-sft", "frozenlake/FrozenLakeNotSlippery-v0", "--episodes", "1", "--out", str(out)])
+    assert again.exit_code != 0 and "not empty" in again.output
+
+
+def test_run_policy_model_path_plays_through_the_hook(tiny_path):
+    import envhub
+
+    policy = get_policy(str(tiny_path), LAKE, seed=0)
+    env = envhub.make(LAKE, max_turns=3)
+    observation, _ = env.reset(seed=0)
+    done = False
+    while not done:
+        action = policy.act(env, observation)
+        observation, _, terminated, truncated, info = env.step(action)
+        done = terminated or truncated
+        assert isinstance(info["action_is_valid"], bool)
+    assert [m["role"] for m in policy.messages][:3] == ["system", "user", "assistant"]
+    with pytest.raises(PolicyError):
+        get_policy(str(tiny_path / "missing"), LAKE)
+
+
+def test_completion_text_matches_ids(hf, tokenizer):
+    prompt = Prompt(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=False), [])
+    completion: Completion = hf.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+    assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)

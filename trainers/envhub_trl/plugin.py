@@ -1,0 +1,24 @@
+"""The envhub plugin of the trainer package: the ``eval`` and ``export-sft`` commands, and model policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envhub import hookimpl
+
+
+@hookimpl
+def register_commands(cli: Any) -> None:
+    """Add ``envhub eval`` and ``envhub export-sft``."""
+    from envhub_trl.commands import eval_command, export_sft_command
+
+    cli.add_command(eval_command)
+    cli.add_command(export_sft_command)
+
+
+@hookimpl
+def make_policy(name: str, env_id: str, seed: Any) -> Any:
+    """Play ``envhub run --policy PATH`` with the model saved at PATH (None for other names)."""
+    from envhub_trl.policy import is_model_folder, load_model_policy
+
+    return load_model_policy(name, seed) if is_model_folder(name) else None

@@ -1,0 +1,131 @@
+"""A tiny Qwen2-style model and a byte-level BPE tokenizer, built locally for tests and the demo.
+
+No model hub is needed: the tokenizer is trained with ``tokenizers`` on text the installed
+environments produce (their instructions, observations and the manager's chat messages), and the
+model is a freshly initialised ``Qwen2ForCausalLM`` (head size 64, as vLLM's CPU attention wants).
+``build_tiny(path)`` saves both in one folder that ``transformers`` and ``vllm`` load like any
+Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+import envhub
+from envhub.actions import FORMATS
+from envhub.chat import ChatRenderer
+
+#: The special tokens: padding/end of text, and ChatML's turn markers (``<|im_end|>`` ends a reply).
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+
+#: ChatML, as Qwen2 models use it.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def environment_corpus(env_ids: Iterable[str] | None = None, seeds: int = 8, turns: int = 6) -> Iterator[str]:
+    """Yield text the environments produce: chat-rendered instructions, observations and replies.
+
+    Each environment plays ``seeds`` short episodes of its expert (or its first legal action) so the
+    tokenizer sees the states an agent meets. Environments that fail to make are skipped.
+    """
+    renderer = ChatRenderer(FORMATS["answer"])
+    for env_id in env_ids if env_ids is not None else list(envhub.registry):
+        try:
+            env = envhub.make(env_id)
+        except Exception:  # a broken plugin must not stop the tokenizer from being built
+            continue
+        yield f"{IM_START}system\n{renderer.system(env.instructions)}{IM_END}\n"
+        for seed in range(seeds):
+            observation, _ = env.reset(seed=seed)
+            for turn in range(turns):
+                legal = env.valid_actions()
+                yield f"{IM_START}user\n{renderer.user(observation, turn, env.max_turns, legal)}{IM_END}\n"
+                action = env.expert_action() or (legal[0] if legal else "wait")
+                yield f"{IM_START}assistant\n<answer>{action}</answer>{IM_END}\n"
+                observation, _, terminated, truncated, _ = env.step(action)
+                if terminated or truncated:
+                    break
+
+
+def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer with ChatML special tokens and chat template.
+
+    Args:
+        corpus: training text; by default :func:`environment_corpus` over every registered env.
+        vocab_size: the vocabulary size (specials and the 256 byte symbols included).
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[PAD, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(list(corpus if corpus is not None else environment_corpus()), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=PAD,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+    )
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    max_positions: int = 4096,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 causal LM sized for ``tokenizer`` (head size ``hidden_size / num_heads``)."""
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def build_tiny(path: str | Path, seed: int = 0, corpus: Iterable[str] | None = None) -> Path:
+    """Build the tiny tokenizer and model and save them to ``path``; return the path.
+
+    The folder loads with ``AutoTokenizer``/``AutoModelForCausalLM.from_pretrained`` and with
+    ``vllm.LLM(model=path)``.
+    """
+    path = Path(path)
+    tokenizer = build_tokenizer(corpus)
+    model = build_model(tokenizer, seed=seed)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
