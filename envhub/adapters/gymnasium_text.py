@@ -11,9 +11,9 @@ registrations stay JSON-ready):
 - ``observation_to_text(env, observation, terminated) -> str``: the text the model reads.
 - ``success(env, observation, reward, terminated) -> bool``: whether the task is accomplished;
   by default, the episode terminated on a positive reward.
-- ``expert(env) -> policy``: called once with the Gymnasium env; ``policy(observation,
-  turns_left)`` returns the oracle's action index. :class:`envhub.adapters.planning.TablePlanner`
-  is one for envs with a transition table.
+- ``expert(env) -> policy``: called once, when the adapter is made, with the Gymnasium env;
+  ``policy(observation, turns_left)`` returns the oracle's action index.
+  :class:`envhub.adapters.planning.TablePlanner` is one for envs with a transition table.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ class GymnasiumTextEnv(DiscreteTextEnv):
         self.action_names = _action_names(self.source, self.inner, action_names)
         self._start = int(self.inner.action_space.start)
         self._success_fn: SuccessPredicate = resolve(success, "success") or positive_terminal_reward
-        self._expert_factory: ExpertFactory | None = resolve(expert, "expert")
-        self._expert: Callable[[Any, int | None], int] | None = None
+        factory: ExpertFactory | None = resolve(expert, "expert")
+        self._expert: Callable[[Any, int | None], int] | None = None if factory is None else factory(self.inner)
         self.instructions = instructions or (
             f"You play the Gymnasium environment {self.source}. Each turn, choose one action from: "
             f"{', '.join(self.action_names)}. Maximise the total reward."
@@ -177,10 +177,8 @@ class GymnasiumTextEnv(DiscreteTextEnv):
 
     def expert_action(self) -> str | None:
         """The expert factory's action, or None without an expert or after the episode ended."""
-        if self._expert_factory is None or self._terminated:
+        if self._expert is None or self._terminated:
             return None
-        if self._expert is None:
-            self._expert = self._expert_factory(self.inner)
         turns_left = None if self.max_turns is None else self.max_turns - self.turn
         return self.action_names[int(self._expert(self._obs, turns_left)) - self._start]
 

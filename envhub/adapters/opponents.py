@@ -9,8 +9,8 @@ Opponents are named by:
 
 - ``"random"`` or ``"expert"`` (the env's expert), built in;
 - ``"self"``: no opponent, every seat's turn is handed to the caller (self-play);
-- ``"package.module:Factory"``: a factory called as ``Factory(seed=...)``;
-- a policy object, used as it is.
+- a factory (a policy class, say) called as ``factory(seed=...)``, or its ``"package.module:name"``;
+- a policy object (or its ``"package.module:name"``), used as it is.
 
 Built-in and factory opponents are rebuilt at every reset with a seed drawn from the env's
 ``np_random``, so the same env seed gives the same game in any process. A policy object keeps its
@@ -47,15 +47,14 @@ def opponent_factory(opponent: Any) -> Callable[[int], Policy] | None:
     if opponent == SELF_PLAY:
         return None
     if isinstance(opponent, str):
-        factory = OPPONENTS.get(opponent) or load_reference(opponent, "opponent")
-        return lambda seed: factory(seed=seed)
-    if callable(getattr(opponent, "act", None)):
+        opponent = OPPONENTS.get(opponent) or load_reference(opponent, "opponent")
+    if not isinstance(opponent, type) and callable(getattr(opponent, "act", None)):
         return lambda seed: opponent
     if callable(opponent):
         return lambda seed: opponent(seed=seed)
     raise AdapterError(
-        f"opponent={opponent!r} must be 'random', 'expert', 'self', a 'package.module:Factory' string, "
-        "a factory taking seed=, or an object with act(env, observation) -> str"
+        f"opponent={opponent!r} must be 'random', 'expert', 'self', a 'package.module:name' string, "
+        "a factory taking seed= (such as a policy class), or an object with act(env, observation) -> str"
     )
 
 

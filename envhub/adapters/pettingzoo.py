@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from envhub.adapters.opponents import SELF_PLAY, opponent_factory, opponent_move
+from envhub.adapters.opponents import opponent_factory, opponent_move
 from envhub.adapters.references import resolve
 from envhub.adapters.seats import SeatLedger, SeatTrajectory, outcome_of
 from envhub.core import TextEnv, normalize_action
