@@ -490,3 +490,22 @@ def test_opponents_can_be_given_as_classes_objects_or_references():
 def test_a_broken_expert_is_reported_when_the_env_is_made():
     with pytest.raises(AdapterError, match="transition table"):
         GymnasiumTextEnv(entry_point=_Meanings, expert="envhub.adapters.planning:TablePlanner")
+
+
+@pytest.mark.parametrize("env_id", ["gym/CliffWalking-v1", "pettingzoo/TicTacToe-v0"])
+def test_rgb_array_pictures_come_from_the_wrapped_env(env_id):
+    pytest.importorskip("pygame")
+    env = envhub.make(env_id, render_mode="rgb_array")
+    env.reset(seed=0)
+    first = env.render()
+    assert first.ndim == 3 and first.shape[2] == 3 and first.dtype == np.uint8
+    env.step(env.expert_action())
+    assert not np.array_equal(env.render(), first)
+    assert env.render_text().strip()
+
+
+def test_rgb_array_needs_a_text_function_and_a_picture():
+    with pytest.raises(AdapterError, match="rgb_array"):
+        GymnasiumTextEnv("CliffWalking-v1", action_names=["U", "R", "D", "L"], render_mode="rgb_array")
+    with pytest.raises(AdapterError, match="rgb_array"):
+        GymnasiumTextEnv(entry_point=_Meanings, observation_to_text=lambda env, obs, done: str(obs), render_mode="rgb_array")

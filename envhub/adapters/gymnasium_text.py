@@ -3,7 +3,9 @@
 The adapter steps the real Gymnasium env, so transitions are exactly Gymnasium's. Text comes from
 the env's own ``ansi`` rendering (colour codes stripped) or from a function you pass; action names
 come from the env's action-meaning table (``get_action_meanings()``, as Atari has) or from you.
-Gymnasium's own time limit is dropped: envhub's ``max_turns`` truncates instead.
+Gymnasium's own time limit is dropped: envhub's ``max_turns`` truncates instead. With
+``render_mode="rgb_array"`` pictures come from the env's own ``rgb_array`` rendering (text then
+needs ``observation_to_text``, since a Gymnasium env renders in one mode only).
 
 Pluggable functions are given as callables or as ``"package.module:name"`` strings (so that
 registrations stay JSON-ready):
@@ -22,7 +24,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -84,12 +86,14 @@ class GymnasiumTextEnv(DiscreteTextEnv):
         success: the success predicate; default :func:`positive_terminal_reward`.
         expert: an expert factory (see the module docstring), or None for no expert.
         instructions: the task's rules for the model; default: a generic description.
-        render_mode: ``"ansi"`` or None.
+        render_mode: ``"ansi"``, ``"rgb_array"`` (the env's own pictures) or None.
 
     Raises:
         AdapterError: when the env has no discrete actions, no text rendering and no
             ``observation_to_text``, or no action names; the message says what to pass.
     """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
 
     def __init__(
         self,
@@ -111,8 +115,15 @@ class GymnasiumTextEnv(DiscreteTextEnv):
         kwargs = dict(gym_kwargs or {})
         creator = _creator(gym_id, entry_point)
         to_text = resolve(observation_to_text, "observation_to_text")
-        if to_text is None:
-            modes = list(getattr(creator, "metadata", {}).get("render_modes", []))
+        modes = list(getattr(creator, "metadata", {}).get("render_modes", []))
+        if render_mode == "rgb_array":
+            if "rgb_array" not in modes or to_text is None:
+                raise AdapterError(
+                    f"render_mode='rgb_array' needs {self.source} to render rgb_array (its render modes are {modes}) "
+                    "and an observation_to_text function for the text"
+                )
+            kwargs["render_mode"] = "rgb_array"
+        elif to_text is None:
             if "ansi" not in modes:
                 raise AdapterError(
                     f"{self.source} has no text rendering (its render modes are {modes}); pass "
@@ -181,6 +192,10 @@ class GymnasiumTextEnv(DiscreteTextEnv):
             return None
         turns_left = None if self.max_turns is None else self.max_turns - self.turn
         return self.action_names[int(self._expert(self._obs, turns_left)) - self._start]
+
+    def render_rgb(self) -> np.ndarray:
+        """The Gymnasium env's own ``rgb_array`` picture."""
+        return np.asarray(self.inner.render(), dtype=np.uint8)
 
     def close(self) -> None:
         """Close the Gymnasium env."""

@@ -8,6 +8,7 @@ to the caller instead, so one policy (or one model through the manager) plays al
 Legal moves come from the action mask; a move outside it is an invalid action (state unchanged),
 never a PettingZoo illegal-move loss or a crash. The text board comes from the env's ``ansi``
 rendering or from a ``board(aec_env) -> str`` function you pass; action names are yours to give.
+With ``render_mode="rgb_array"`` pictures come from the game's own ``rgb_array`` rendering.
 
 PettingZoo is an optional dependency: ``pip install 'envhub[pettingzoo]'``.
 """
@@ -15,7 +16,7 @@ PettingZoo is an optional dependency: ``pip install 'envhub[pettingzoo]'``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -96,12 +97,14 @@ class PettingZooTextEnv(TextEnv):
         success: ``"win"`` or ``"not_lose"``: what counts as success at the end of the game,
             judged for the model's seat (in self-play, for the seat that moved last).
         instructions: the game's rules for the model; default: a generic description.
-        render_mode: ``"ansi"`` or None.
+        render_mode: ``"ansi"``, ``"rgb_array"`` (the game's own pictures; needs ``board``) or None.
 
     Raises:
         MissingDependency: when PettingZoo (or what the game imports) is not installed.
         AdapterError: when the game cannot be adapted as given; the message says what to pass.
     """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 1}
 
     def __init__(
         self,
@@ -133,8 +136,16 @@ class PettingZooTextEnv(TextEnv):
                 f"{self.source} made a {type(aec).__name__}, not a turn-based PettingZoo AECEnv; "
                 "parallel envs have no turns to take (convert with pettingzoo.utils.parallel_to_aec)"
             )
-        if self._board is None:
-            modes = list(aec.metadata.get("render_modes", []))
+        modes = list(aec.metadata.get("render_modes", []))
+        if render_mode == "rgb_array":
+            if "rgb_array" not in modes or self._board is None:
+                raise AdapterError(
+                    f"render_mode='rgb_array' needs {self.source} to render rgb_array (its render modes are {modes}) "
+                    "and a board function for the text"
+                )
+            aec.close()
+            aec = creator(**{**kwargs, "render_mode": "rgb_array"})
+        elif self._board is None:
             if "ansi" not in modes:
                 raise AdapterError(
                     f"{self.source} has no text rendering (its render modes are {modes}); pass "
@@ -275,6 +286,10 @@ class PettingZooTextEnv(TextEnv):
     def render_text(self) -> str:
         """The game as the model's seat (in self-play, the seat to move) sees it."""
         return self.text_for(self._perspective())
+
+    def render_rgb(self) -> np.ndarray:
+        """The game's own ``rgb_array`` picture."""
+        return np.asarray(self.aec.render(), dtype=np.uint8)
 
     def close(self) -> None:
         """Close the PettingZoo env."""
