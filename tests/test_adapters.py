@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 from typing import Any, ClassVar
@@ -205,11 +206,29 @@ def test_cliffwalking_expert_takes_the_shortest_safe_path():
     assert all(reward == -1.0 for _, _, reward, _ in steps)
 
 
-def test_taxi_expert_delivers_every_passenger():
+def shortest_delivery(taxi: gymnasium.Env, start: int) -> int:
+    """Breadth-first search on Taxi's transition table: the fewest moves to a delivery."""
+    depth, frontier = {start: 0}, collections.deque([start])
+    while frontier:
+        state = frontier.popleft()
+        for action in range(taxi.action_space.n):
+            (_, nxt, _, done), = taxi.P[state][action]
+            if done:
+                return depth[state] + 1
+            if nxt not in depth:
+                depth[nxt] = depth[state] + 1
+                frontier.append(nxt)
+    raise AssertionError("no delivery is reachable")
+
+
+def test_taxi_expert_delivers_every_passenger_by_a_shortest_route():
     env = envhub.make("gym/Taxi-v3")
     for seed in range(10):
+        env.reset(seed=seed)
+        shortest = shortest_delivery(env.inner, env.observation)
         steps = play(env, ExpertPolicy(), seed=seed)
         assert steps[-1][3]["success"], seed
+        assert len(steps) == shortest
         assert steps[-1][2] == 20.0
         assert all(reward == -1.0 for _, _, reward, _ in steps[:-1])  # no illegal pickup or dropoff
 
