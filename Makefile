@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q -e ".[test,render]" $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 
 test: setup
