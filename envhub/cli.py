@@ -149,7 +149,7 @@ def _policy(name: str, seed: int) -> Policy:
     if factory is None:
         raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
     if name == "human":
-        return HumanPolicy(prompt=lambda text: click.prompt(text.rstrip("> "), prompt_suffix="> "))
+        return HumanPolicy(prompt=lambda text: click.prompt(text.rstrip("> "), prompt_suffix="> ", err=True))
     return factory(seed=seed)
 
 
