@@ -20,7 +20,7 @@ test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 demo: setup
-	$(PY) -m envhub.demo
+	$(PY) examples/demo.py
 
 bench: setup
 	$(PY) bench/env_step.py
