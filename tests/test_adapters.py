@@ -488,13 +488,6 @@ def test_without_pettingzoo_the_ids_are_listed_and_making_one_says_what_to_insta
     assert "pip install 'envhub[pettingzoo]'" in proc.stdout
 
 
-@pytest.mark.parametrize("env_id", GYM_IDS + PZ_IDS)
-def test_envhub_check_passes(env_id):
-    checker = pytest.importorskip("envhub.checker")
-    report = checker.check_env(env_id)
-    assert report.ok, report.format()
-
-
 def test_opponents_can_be_given_as_classes_objects_or_references():
     for opponent in [RandomPolicy, RandomPolicy(0), "envhub.generation:RandomPolicy", "random"]:
         env = make_tictactoe(seat="player_2", opponent=opponent)
