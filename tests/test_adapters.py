@@ -521,3 +521,9 @@ def test_rgb_array_needs_a_text_function_and_a_picture():
         GymnasiumTextEnv("CliffWalking-v1", action_names=["U", "R", "D", "L"], render_mode="rgb_array")
     with pytest.raises(AdapterError, match="rgb_array"):
         GymnasiumTextEnv(entry_point=_Meanings, observation_to_text=lambda env, obs, done: str(obs), render_mode="rgb_array")
+
+
+def test_a_game_without_action_masks_is_refused_with_the_reason():
+    env = PettingZooTextEnv("pettingzoo.classic.rps.rps:env", board=lambda aec: "", action_names=["Rock", "Paper", "Scissors"])
+    with pytest.raises(AdapterError, match="no action mask"):
+        env.reset(seed=0)

@@ -178,7 +178,7 @@ class PettingZooTextEnv(TextEnv):
             f"You play the PettingZoo game {name}. Each observation shows the board and your legal moves; "
             "reply with one legal move."
         )
-        self.seat = self.seats[0]
+        self.seat = seat if seat in self.seats else self.seats[0]
         self._opponent: Policy | None = None
         self._fallback_rng = np.random.default_rng(0)
         self._ledger = SeatLedger(self.seats)
@@ -234,9 +234,9 @@ class PettingZooTextEnv(TextEnv):
         elif self.seat_choice is not None:
             self.seat = self.seat_choice
         self.aec.reset(seed=int(self.np_random.integers(2**31 - 1)))
-        opponent_seed = int(self.np_random.integers(2**31 - 1))
-        self._fallback_rng = np.random.default_rng(opponent_seed)
+        opponent_seed, fallback_seed = (int(x) for x in self.np_random.integers(2**31 - 1, size=2))
         self._opponent = None if self._opponent_factory is None else self._opponent_factory(opponent_seed)
+        self._fallback_rng = np.random.default_rng(fallback_seed)
         self._ledger = SeatLedger(self.seats)
         self._last_actor = None
         self.opponent_fallbacks = 0
