@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import pathlib
+import re
+import runpy
 import subprocess
 import sys
 from typing import Any, ClassVar
@@ -527,3 +530,13 @@ def test_a_game_without_action_masks_is_refused_with_the_reason():
     env = PettingZooTextEnv("pettingzoo.classic.rps.rps:env", board=lambda aec: "", action_names=["Rock", "Paper", "Scissors"])
     with pytest.raises(AdapterError, match="no action mask"):
         env.reset(seed=0)
+
+
+def test_readme_adapter_example_runs_as_written(tmp_path):
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    source = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if block.startswith("# wrap a game"))
+    (tmp_path / "example.py").write_text(source)
+    namespace = runpy.run_path(str(tmp_path / "example.py"))
+    seats = namespace["seats"]
+    assert set(seats) == {"player_1", "player_2"} and all(t.turns for t in seats.values())
+    assert namespace["game"].action_names == tictactoe.ACTION_NAMES
