@@ -58,7 +58,7 @@ def register_envs(register: Any) -> None:
             "instructions": taxi.INSTRUCTIONS,
         },
         max_turns=TAXI_TIME_LIMIT,
-        description="Gymnasium Taxi: pick up and drop off a passenger; value-iteration expert",
+        description="Gymnasium Taxi: pick up and drop off a passenger, 200 turns (Gymnasium's limit); value-iteration expert",
     )
     register(
         "gym/CliffWalking-v1",
@@ -85,7 +85,7 @@ def register_envs(register: Any) -> None:
             "instructions": blackjack.INSTRUCTIONS,
         },
         max_turns=10,
-        description="Gymnasium Blackjack (Sutton & Barto rules); success = a win; exact DP expert",
+        description="Gymnasium Blackjack (Sutton & Barto rules), 10 turns; success = a win; exact DP expert",
     )
     register(
         "pettingzoo/TicTacToe-v0",
