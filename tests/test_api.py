@@ -1,0 +1,111 @@
+"""The text-environment contract, over every registered environment and on the registry."""
+
+import gymnasium
+import pytest
+
+import envhub
+from envhub.checker import check_env
+from envhub.core import INFO_KEYS, TextEnv
+from envhub.error import InvalidEnvId, ResetNeeded, UnknownEnv
+
+ALL_SPECS = envhub.registry.values()
+
+
+@pytest.mark.parametrize("env_spec", ALL_SPECS, ids=[s.id for s in ALL_SPECS])
+def test_every_registered_env_passes_the_checker(env_spec):
+    report = check_env(env_spec.id)
+    assert report.ok, report.format()
+
+
+@pytest.mark.parametrize("env_spec", ALL_SPECS, ids=[s.id for s in ALL_SPECS])
+def test_every_registered_env_speaks_the_api(env_spec):
+    env = envhub.make(env_spec.id)
+    assert isinstance(env, TextEnv) and env.max_turns == env_spec.max_turns
+    observation, info = env.reset(seed=0)
+    assert isinstance(observation, str) and observation
+    assert all(isinstance(info[k], t) for k, t in INFO_KEYS.items())
+    legal = env.valid_actions()
+    action = legal[0] if legal else env.expert_action()
+    observation, reward, terminated, truncated, info = env.step(action)
+    assert info["action_is_valid"] is True
+    assert isinstance(env.render(), str)
+
+
+@pytest.mark.parametrize("env_spec", ALL_SPECS, ids=[s.id for s in ALL_SPECS])
+def test_every_envhub_id_works_with_gymnasium_make(env_spec):
+    env = gymnasium.make(env_spec.id)
+    observation, info = env.reset(seed=1)
+    direct, _ = envhub.make(env_spec.id).reset(seed=1)
+    assert observation == direct
+    assert env.unwrapped.spec.id == env_spec.id
+
+
+def test_make_overrides_kwargs_and_turn_limit():
+    env = envhub.make("frozenlake/FrozenLake-v0", max_turns=3, is_slippery=False, size=5)
+    observation, _ = env.reset(seed=0)
+    assert len(observation.splitlines()) == 5 and env.max_turns == 3
+    assert not env.is_slippery
+    env.step("Left")
+    env.step("Left")
+    *_, truncated, _ = env.step("Left")
+    assert truncated
+
+
+def test_unknown_id_suggests_close_matches_and_envhub_list():
+    with pytest.raises(UnknownEnv) as excinfo:
+        envhub.make("frozenlake/FrozenLak-v0")
+    message = str(excinfo.value)
+    assert "'frozenlake/FrozenLake-v0'" in message and "envhub list" in message
+
+
+def test_malformed_ids_are_rejected_with_the_expected_form():
+    with pytest.raises(InvalidEnvId, match="namespace/Name-vN"):
+        envhub.register("NoNamespace-v0", "x:y")
+    with pytest.raises(InvalidEnvId):
+        envhub.register("ns/NoVersion", "x:y")
+
+
+def test_step_outside_an_episode_is_a_clear_error():
+    env = envhub.make("frozenlake/FrozenLakeNotSlippery-v0")
+    with pytest.raises(ResetNeeded, match="reset"):
+        env.step("Left")
+    env.reset(seed=0)
+    for _ in range(env.max_turns):
+        *_, terminated, truncated, _ = env.step("Left")
+        if terminated or truncated:
+            break
+    with pytest.raises(ResetNeeded):
+        env.step("Left")
+
+
+def test_invalid_action_changes_nothing_and_says_why():
+    env = envhub.make("frozenlake/FrozenLake-v0")
+    observation, info = env.reset(seed=4)
+    bad, reward, terminated, truncated, bad_info = env.step("jump over")
+    assert bad_info["action_is_valid"] is False and reward == 0.0 and not terminated
+    assert bad_info["state_key"] == info["state_key"]
+    assert "not one of the legal actions" in bad and observation in bad
+    assert env.turn == 1
+
+
+def test_actions_match_ignoring_case_and_whitespace():
+    env = envhub.make("frozenlake/FrozenLakeNotSlippery-v0")
+    env.reset(seed=0)
+    *_, info = env.step("  rIGht ")
+    assert info["action_is_valid"]
+
+
+def test_state_key_does_not_depend_on_python_hash_seed():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = "import envhub, json; e = envhub.make('frozenlake/FrozenLake8x8-v0'); print(json.dumps(e.reset(seed=9)[1]['state_key']))"
+    keys = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": s}).stdout
+        for s in ("1", "2")
+    }
+    assert len(keys) == 1
+    assert json.loads(keys.pop()) == envhub.make("frozenlake/FrozenLake8x8-v0").reset(seed=9)[1]["state_key"]

@@ -1,0 +1,118 @@
+"""The envhub command line, through click's runner and once through the installed script."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from envhub.cli import cli
+
+ENV = "frozenlake/FrozenLakeNotSlippery-v0"
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def test_version_and_short_help():
+    assert invoke("--version").output.startswith("envhub, version ")
+    result = invoke("-h")
+    assert result.exit_code == 0 and "run" in result.output and "check" in result.output
+
+
+def test_list_table_and_json():
+    result = invoke("list")
+    assert result.exit_code == 0 and "frozenlake/FrozenLake-v0" in result.output and "envhub-frozenlake" in result.output
+    rows = json.loads(invoke("list", "--json").stdout)
+    row = next(r for r in rows if r["id"] == "frozenlake/FrozenLake-v0")
+    assert set(row) >= {"id", "plugin", "version", "entry_point", "description"}
+    assert row["entry_point"] == "envhub_frozenlake.env:FrozenLakeTextEnv"
+
+
+def test_plugins_json_lists_hooks_and_errors():
+    rows = {r["name"]: r for r in json.loads(invoke("plugins", "--json").output)}
+    assert rows["envhub-frozenlake"]["hooks"] == ["register_envs"] and rows["envhub-frozenlake"]["error"] is None
+    assert set(rows["envhub-frozenlake"]) >= {"name", "version", "hooks", "error"}
+
+
+def test_list_reports_a_broken_plugin_and_keeps_the_others(monkeypatch):
+    from envhub import plugins
+
+    broken = plugins.PluginInfo(name="envhub-broken", version="9.9", entry_point="envhub_broken.plugin",
+                                error="RuntimeError: this plugin is broken on purpose")
+    monkeypatch.setitem(plugins.host.infos, "envhub-broken", broken)
+    rows = json.loads(invoke("list", "--json").stdout)
+    failed = [r for r in rows if r["error"]]
+    assert failed == [{"id": None, "plugin": "envhub-broken", "version": "9.9", "entry_point": "envhub_broken.plugin",
+                       "description": None, "error": "RuntimeError: this plugin is broken on purpose"}]
+    assert any(r["id"] == "frozenlake/FrozenLake-v0" for r in rows)
+    result = CliRunner().invoke(cli, ["list"])
+    assert "plugin envhub-broken failed to load: RuntimeError" in result.output
+
+
+def test_info_shows_spec_instructions_and_first_observation():
+    result = invoke("info", "frozenlake/FrozenLake-v0")
+    assert result.exit_code == 0
+    assert "max turns:   20" in result.output and "Legend" in result.output and "First observation" in result.output
+    payload = json.loads(invoke("info", ENV, "--json").output)
+    assert payload["kwargs"]["is_slippery"] is False and payload["valid_actions"] == ["Left", "Down", "Right", "Up"]
+
+
+def test_run_json_one_line_per_episode():
+    result = invoke("run", ENV, "--policy", "expert", "--episodes", "3", "--seed", "5", "--json")
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [r["seed"] for r in lines] == [5, 6, 7]
+    for record in lines:
+        assert set(record) == {"env_id", "seed", "return", "success", "turns", "invalid_actions", "transcript"}
+        assert record["success"] and record["return"] == 1.0 and record["invalid_actions"] == 0
+        assert record["turns"] == len(record["transcript"]) - 1
+        assert set(record["transcript"][1]) == {"observation", "action", "reward", "info"}
+
+
+def test_run_for_people_shows_boards_and_a_summary():
+    result = invoke("run", ENV, "--policy", "random", "--episodes", "2", "--max-turns", "4")
+    assert result.exit_code == 0
+    assert "turn 1:" in result.output and "2 episodes: success" in result.output
+
+
+def test_run_human_reads_actions_from_stdin():
+    result = invoke("run", ENV, "--policy", "human", "--json", input="Right\njump\n")
+    record = json.loads(result.stdout)
+    actions = [t["action"] for t in record["transcript"][1:]]
+    assert actions == ["Right", "jump"] and record["invalid_actions"] == 1
+
+
+def test_run_unknown_env_and_policy_are_one_line_errors():
+    result = CliRunner().invoke(cli, ["run", "frozenlake/FrozenLak-v0"])
+    assert result.exit_code == 1 and "Did you mean 'frozenlake/FrozenLake-v0'" in result.output
+    result = CliRunner().invoke(cli, ["run", ENV, "--policy", "psychic"])
+    assert result.exit_code == 1 and "unknown policy" in result.output
+
+
+def test_check_passes_and_prints_json():
+    result = invoke("check", ENV, "--json")
+    assert result.exit_code == 0
+    report = json.loads(result.output[result.output.index("{"):])
+    assert report["ok"] and any(c["name"].startswith("fuzz of 1000") for c in report["checks"])
+
+
+def test_check_exits_non_zero_with_a_readable_report(monkeypatch):
+    from envhub_frozenlake.env import FrozenLakeTextEnv
+
+    monkeypatch.setattr(FrozenLakeTextEnv, "expert_action", lambda self: "Jump")
+    result = CliRunner().invoke(cli, ["check", ENV, "--fuzz", "1000"])
+    assert result.exit_code == 1
+    assert "FAIL  expert_action is legal" in result.output and "'Jump'" in result.output
+
+
+def test_installed_envhub_script_runs_in_a_subprocess():
+    script = Path(sys.executable).parent / "envhub"
+    assert script.exists(), "the envhub console script is not installed next to this Python"
+    out = subprocess.run([str(script), "run", ENV, "--policy", "expert", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "3"}, timeout=120, check=True).stdout
+    assert json.loads(out)["success"] is True
+    out = subprocess.run([str(script), "list", "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert any(r["id"] == ENV for r in json.loads(out))

@@ -1,0 +1,114 @@
+"""Plugin loading three ways: a throwaway hookimpl class, a faked entry-point scan, a real plugin."""
+
+import importlib.metadata
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import envhub
+from envhub import hookimpl, hookspecs, plugins
+from envhub.error import DuplicateEnv
+
+FIXTURES = Path(__file__).parent / "plugin_fixtures"
+
+
+def _fake_entry_points(*modules):
+    return lambda: [importlib.metadata.EntryPoint(name=m, value=m, group="envhub") for m in modules]
+
+
+@pytest.fixture
+def fake_host(monkeypatch):
+    """A fresh PluginHost whose entry-point scan finds the fixture plugins; cleaned up after."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setattr(plugins, "_entry_points", _fake_entry_points("fake_broken_hook", "fake_broken_import", "fake_good"))
+    host = plugins.PluginHost()
+    yield host
+    for name in list(host.infos):
+        host.remove(name)
+
+
+class ThrowawayPlugin:
+    """Registered and unregistered around one test."""
+
+    @hookimpl
+    def register_envs(self, register):
+        register("throwaway/Echo-v0", "fake_good_env:EchoEnv", max_turns=2, description="throwaway")
+
+    @hookimpl
+    def register_commands(self, cli):
+        @cli.command("hello")
+        def hello():
+            click.echo("hello from a plugin")
+
+
+@pytest.fixture
+def throwaway(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    info = plugins.host.add(ThrowawayPlugin(), name="throwaway")
+    yield info
+    plugins.host.remove("throwaway")
+
+
+def test_hook_register_envs(throwaway):
+    assert throwaway.hooks == ["register_commands", "register_envs"]
+    env_spec = envhub.spec("throwaway/Echo-v0")
+    assert env_spec.plugin == "throwaway" and env_spec.max_turns == 2
+    env = envhub.make("throwaway/Echo-v0")
+    word, _ = env.reset(seed=0)
+    assert env.step(word)[1] == 1.0
+
+
+def test_hook_register_commands(throwaway):
+    group = click.Group()
+    plugins.host.register_commands(group)
+    result = CliRunner().invoke(group, ["hello"])
+    assert result.exit_code == 0 and "hello from a plugin" in result.output
+
+
+def test_unregistering_a_plugin_forgets_its_envs(throwaway):
+    assert "throwaway/Echo-v0" in envhub.registry
+    plugins.host.remove("throwaway")
+    assert "throwaway/Echo-v0" not in envhub.registry
+    plugins.host.add(ThrowawayPlugin(), name="throwaway")  # the fixture removes it again
+
+
+def test_faked_entry_point_scan_loads_good_and_reports_broken_plugins(fake_host):
+    fake_host.load()
+    infos = fake_host.infos
+    assert infos["fake_good"].error is None and infos["fake_good"].hooks == ["register_envs"]
+    assert "RuntimeError: this plugin is broken on purpose" in infos["fake_broken_import"].error
+    assert "ValueError: hook exploded on purpose" in infos["fake_broken_hook"].error
+    assert envhub.make("fakegood/Echo-v0").reset(seed=1)[0] in ("ping", "pong")
+
+
+def test_plugins_load_once(fake_host, monkeypatch):
+    fake_host.load()
+    monkeypatch.setattr(plugins, "_entry_points", lambda: pytest.fail("entry points scanned twice"))
+    fake_host.load()
+
+
+def test_envhub_plugins_variable_limits_what_loads(fake_host, monkeypatch):
+    monkeypatch.setenv("ENVHUB_PLUGINS", "fake_good")
+    fake_host.load()
+    assert list(fake_host.infos) == ["fake_good"]
+
+
+def test_a_real_installed_plugin_is_found_through_its_entry_point():
+    info = {p.name: p for p in plugins.plugin_infos()}["envhub-frozenlake"]
+    assert info.error is None and info.version == importlib.metadata.version("envhub-frozenlake")
+    assert info.entry_point == "envhub_frozenlake.plugin" and "register_envs" in info.hooks
+    assert envhub.spec("frozenlake/FrozenLake-v0").plugin == "envhub-frozenlake"
+
+
+def test_two_plugins_claiming_one_id_is_an_error_naming_both(throwaway):
+    with pytest.raises(DuplicateEnv, match="registered twice"):
+        envhub.register("throwaway/Echo-v0", "fake_good_env:EchoEnv", plugin="another")
+
+
+def test_every_hook_has_a_test():
+    hooks = [name for name in dir(hookspecs) if hasattr(getattr(hookspecs, name), "envhub_spec")]
+    assert hooks, "no hookspecs found"
+    missing = [h for h in hooks if f"test_hook_{h}" not in globals()]
+    assert not missing, f"hooks without a test_hook_<name> test: {missing}"
