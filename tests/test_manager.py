@@ -5,17 +5,8 @@ from __future__ import annotations
 import pytest
 from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixture)
 
-import envhub
-from envhub.error import PolicyError, UnknownEnv
-from envhub.generation import (
-    POLICIES,
-    Completion,
-    ExpertGenerator,
-    RandomGenerator,
-    SamplingParams,
-    get_policy,
-    request_seeds,
-)
+from envhub.error import UnknownEnv
+from envhub.generation import Completion, ExpertGenerator, RandomGenerator, SamplingParams, request_seeds
 from envhub.manager import EnvGroupManager, group_seeds
 from envhub.rollout import Trajectory, Turn, batch_metrics, rollout, to_samples
 
@@ -255,23 +246,3 @@ def test_sampling_params_reject_nonsense():
         SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError, match="one logprob per token"):
         Completion([1, 2], [0.0], "x")
-
-
-def test_get_policy_builtins_plugins_and_unknown_names():
-    assert set(POLICIES) <= {"random", "expert", "human"} | set(POLICIES)
-    assert type(get_policy("random", LAKE, seed=0)).__name__ == "RandomPolicy"
-
-    class Plugin:
-        @envhub.hookimpl
-        def make_policy(self, name, env_id, seed):
-            return POLICIES["expert"]() if name == "oracle-by-plugin" else None
-
-    from envhub.plugins import host
-
-    host.add(Plugin(), name="test-policy-plugin")
-    try:
-        assert type(get_policy("oracle-by-plugin", LAKE)).__name__ == "ExpertPolicy"
-        with pytest.raises(PolicyError, match="no policy called"):
-            get_policy("nobody-knows-me", LAKE)
-    finally:
-        host.remove("test-policy-plugin")

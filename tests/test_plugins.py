@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 import envhub
 from envhub import hookimpl, hookspecs, plugins
-from envhub.error import DuplicateEnv
+from envhub.error import DuplicateEnv, PolicyError
+from envhub.generation import POLICIES, get_policy
 
 FIXTURES = Path(__file__).parent / "plugin_fixtures"
 
@@ -65,6 +66,25 @@ def test_hook_register_commands(throwaway):
     plugins.host.register_commands(group)
     result = CliRunner().invoke(group, ["hello"])
     assert result.exit_code == 0 and "hello from a plugin" in result.output
+
+
+class PolicyPlugin:
+    """Answers ``make_policy`` for one name only, as the trainer plugin does for model folders."""
+
+    @hookimpl
+    def make_policy(self, name, env_id, seed):
+        return POLICIES["expert"]() if name == "oracle-by-plugin" else None
+
+
+def test_hook_make_policy():
+    plugins.host.add(PolicyPlugin(), name="policy-plugin")
+    try:
+        assert type(get_policy("oracle-by-plugin", "frozenlake/FrozenLake-v0")).__name__ == "ExpertPolicy"
+        assert type(get_policy("random", "frozenlake/FrozenLake-v0", seed=0)).__name__ == "RandomPolicy"
+        with pytest.raises(PolicyError, match="no policy called"):
+            get_policy("nobody-knows-me", "frozenlake/FrozenLake-v0")
+    finally:
+        plugins.host.remove("policy-plugin")
 
 
 def test_unregistering_a_plugin_forgets_its_envs(throwaway):
