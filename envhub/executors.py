@@ -191,17 +191,19 @@ class EnvWorker:
             outcome = apply_reply(env, reply, fmt)  # type: ignore[arg-type]  (duck-typed format)
             over = outcome.terminated or outcome.truncated
             info = outcome.info
+            parsed = outcome.parsed
+            # positional: this runs once per env per turn, and keyword construction costs more
             return EnvState(
-                observation=outcome.observation,
-                reward=outcome.reward,
-                terminated=outcome.terminated,
-                truncated=outcome.truncated,
-                info=info,
-                valid_actions=None if over else env.valid_actions(),
-                expert_action=env.expert_action() if expert and not over else None,
-                format_valid=outcome.parsed.format_valid,
-                action=outcome.parsed.action,
-                invalid_reason=info.get("invalid_reason") if not info.get("action_is_valid", False) else None,
+                outcome.observation,
+                outcome.reward,
+                outcome.terminated,
+                outcome.truncated,
+                info,
+                None if over else env.valid_actions(),
+                env.expert_action() if expert and not over else None,
+                parsed.format_valid,
+                parsed.action,
+                None if info["action_is_valid"] else info.get("invalid_reason"),
             )
         except Exception as exc:
             self._drop(slot)
