@@ -53,7 +53,7 @@ def test_explicit_seeds_and_wrong_seed_count():
 
 def test_a_mix_of_ids_is_partitioned_by_group(flaky_env):
     manager = EnvGroupManager({LAKE: 2, flaky_env: 1}, group_size=3, env_kwargs={LAKE: {"is_slippery": False}})
-    assert manager.group_ids == [LAKE, LAKE, flaky_env]
+    assert manager.group_env_ids == [LAKE, LAKE, flaky_env]
     trajectories = rollout(manager, ExpertGenerator())
     assert [t.env_id for t in trajectories] == [LAKE] * 6 + [flaky_env] * 3
     assert all(t.success for t in trajectories[6:])
@@ -268,3 +268,12 @@ def test_step_arrays_and_columns_line_up_with_the_episodes(flaky_env):
     assert columns["group_ids"] == [0, 0, 1, 1]
     assert [sum(m) for m in columns["env_mask"]] == [sum(len(u.completion_ids) for u in t.turns) for t in trajectories]
     assert all(len(c) == len(m) == len(lp) == len(ti) for c, m, lp, ti in zip(columns["completion_ids"], columns["env_mask"], columns["logprobs"], columns["turn_ids"]))
+
+
+def test_text_replies_are_tokenised_into_the_context():
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_turns=2)
+    trajectory = rollout(manager, RandomGenerator(seed=0))[0]  # text only, no token ids
+    sample = trajectory.sample()
+    text = tokenizer.decode(sample.prompt_ids + sample.completion_ids)
+    assert text + "<|im_end|>\n" == tokenizer.apply_chat_template(trajectory.messages)  # no end token was sampled
