@@ -244,7 +244,8 @@ class InProcessExecutor:
 class _PoolExecutor:
     """Slots spread over ``num_workers`` remote workers (slot ``s`` on worker ``s % num_workers``).
 
-    Subclasses say how to start a worker, send it a batch and wait for the answer.
+    One executor serves one manager (the slots are its environment indices). Subclasses say how
+    to start a worker, send it a batch and wait for the answer.
     """
 
     def __init__(self, num_workers: int):
@@ -271,9 +272,12 @@ class _PoolExecutor:
 
     # -- the shared logic
     def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
-        """Reset the requested slots on their workers, in parallel."""
-        for request in requests:
-            self.histories[request.slot] = (request, [])
+        """Start a new batch: reset the requested slots on their workers, in parallel.
+
+        Histories of the previous batch are dropped: a worker that dies from now on is rebuilt
+        from these resets.
+        """
+        self.histories = {request.slot: (request, []) for request in requests}
         shards = self._shards([r.slot for r in requests])
         return self._run("reset", shards, len(requests), lambda positions: [requests[p] for p in positions])
 
