@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := ./envhub_frozenlake
+PLUGINS := ./envhub_frozenlake ./envhub_webshop
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo bench clean
@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test,render]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q -e ".[test,render]" $(addprefix -e ,$(PLUGINS)) selenium
 	touch $(STAMP)
 
 test: setup

@@ -234,9 +234,10 @@ def _iter_json_values(path: Path, chunk_size: int = 1 << 20) -> Iterator[tuple[s
             yield key, decode()
 
 
-def iter_json_array(path: str | os.PathLike[str]) -> Iterator[Any]:
-    """Yield the elements of the JSON array in ``path`` (``.json`` or ``.json.gz``) one by one."""
-    for _, value in _iter_json_values(Path(path)):
+def iter_json_array(path: str | os.PathLike[str], chunk_size: int = 1 << 20) -> Iterator[Any]:
+    """Yield the elements of the JSON array in ``path`` (``.json`` or ``.json.gz``) one by one,
+    reading ``chunk_size`` characters at a time."""
+    for _, value in _iter_json_values(Path(path), chunk_size):
         yield value
 
 
