@@ -17,10 +17,12 @@ import collections
 import dataclasses
 import random
 import secrets
+import sys
 import threading
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -33,7 +35,9 @@ MAX_BODY = 64 * 1024
 MAX_QUERY = 1000
 
 _TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("envhub_webshop", "templates"),
+    # Next to this file rather than PackageLoader: a source checkout's outer envhub_webshop/ folder
+    # can shadow the package as a namespace package when Python runs from the repository root.
+    loader=jinja2.FileSystemLoader(Path(__file__).resolve().parent / "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
 )
@@ -108,6 +112,11 @@ class WebShopServer(ThreadingHTTPServer):
         self.verbose = False
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A visitor hanging up is routine; anything else is printed as usual."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
@@ -293,6 +302,8 @@ class WebShopHandler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _send_error(self, status: HTTPStatus, message: str) -> None:
+        # The request body may be unread: end the connection rather than parse it as a request.
+        self.close_connection = True
         body = _TEMPLATES.get_template("error.html").render(status=int(status), phrase=status.phrase, message=message)
         self._send_html(status, body)
 
