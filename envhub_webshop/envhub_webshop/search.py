@@ -64,16 +64,19 @@ class BM25Index:
                 if tid >= 0:
                     ids.append(tid)
             lengths[d] = len(ids)
-            doc_col.append(np.asarray(ids, dtype=np.int64))
+            doc_col.append(np.asarray(ids, dtype=np.int32))
         if len(doc_col) != len(self.doc_ids):
             raise ValueError(f"{len(self.doc_ids)} document ids but {len(doc_col)} texts")
         self.vocab = vocab
         n_docs = len(self.doc_ids)
         # (term, doc) pairs -> term frequencies, grouped by term: the postings.
         docs = np.repeat(np.arange(n_docs, dtype=np.int64), lengths)
-        terms = np.concatenate(doc_col) if doc_col else np.zeros(0, dtype=np.int64)
+        terms = np.concatenate(doc_col).astype(np.int64) if doc_col else np.zeros(0, dtype=np.int64)
+        del doc_col
         keys, tf = np.unique(terms * max(n_docs, 1) + docs, return_counts=True)
-        post_terms, self._post_docs = np.divmod(keys, max(n_docs, 1))
+        del docs, terms
+        post_terms, post_docs = np.divmod(keys, max(n_docs, 1))
+        self._post_docs = post_docs.astype(np.int32)
         self._post_tf = tf.astype(np.float32)
         self._offsets = np.searchsorted(post_terms, np.arange(len(vocab) + 1))
         df = np.diff(self._offsets)
