@@ -25,7 +25,6 @@ from envhub_webshop.search import BM25Index
 SEARCH, RESULTS, ITEM, DONE = "search", "results", "item", "done"
 DESCRIPTION, FEATURES, REVIEWS, ATTRIBUTES = "description", "features", "reviews", "attributes"
 SUB_PAGES = (DESCRIPTION, FEATURES, REVIEWS, ATTRIBUTES)
-PAGES = (SEARCH, RESULTS, ITEM, *SUB_PAGES, DONE)
 
 RESULTS_PER_PAGE = 10
 BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, BUY_NOW = "Back to Search", "Next >", "< Prev", "Buy Now"
