@@ -13,7 +13,7 @@ from envhub_webshop.errors import UnknownGoal
 from envhub_webshop.goals import DEFAULT_PRICE_SEED, cumulative_weights, weighted_index
 from envhub_webshop.oracle import Oracle
 from envhub_webshop.render import OBSERVATION_MODES, TEXT, TEXT_RICH, observe
-from envhub_webshop.shop import SEARCH, Shop, ShopSession, load_shop
+from envhub_webshop.shop import SEARCH, ShopSession, load_shop
 
 INSTRUCTIONS = (
     "You are shopping in WebShop, an online store with {n} products. Buy the product the instruction "
@@ -25,16 +25,6 @@ INSTRUCTIONS = (
     "Clicking 'Buy Now' ends the episode with a reward between 0 and 1 for how well the product, its "
     "attributes, its options and its price match; a perfect purchase scores 1."
 )
-
-_ORACLES: dict[int, Oracle] = {}
-
-
-def _oracle(shop: Shop) -> Oracle:
-    found = _ORACLES.get(id(shop))
-    if found is None or found.shop is not shop:
-        found = _ORACLES[id(shop)] = Oracle(shop)
-    return found
-
 
 class WebShopEnv(TextEnv):
     """Shop for the product an instruction describes; buying it scores upstream's reward.
@@ -92,7 +82,7 @@ class WebShopEnv(TextEnv):
         self.upstream_quirks = upstream_quirks
         self.goal_sampling = goal_sampling
         self.show_attrs = show_attrs
-        self.oracle = _oracle(self.shop)
+        self.oracle: Oracle = self.shop.oracle
         self.instructions = INSTRUCTIONS.format(n=len(self.shop.catalog))
         self.session: ShopSession | None = None
         self._cum_weights: list[float] | None = None
