@@ -485,3 +485,21 @@ def test_oracle_wins_every_winnable_goal_of_all_three_splits():
             assert terminated, f"goal {i}: the oracle ran out of turns"
             wins += info["success"]
         assert wins == expected_wins
+
+
+def test_attributes_page_when_asked_for(shop):
+    env = envhub.make("webshop/WebShopEval-v0", show_attrs=True, show_actions=False)
+    env.reset(options={"goal_index": 710})
+    env.step("search[fitflop men's hollis neoprene sport sandal]")
+    obs, *_ = env.step("click[b07nz173gy]")
+    assert obs.endswith("[SEP] Description [SEP] Features [SEP] Reviews [SEP] Attributes [SEP] Buy Now")
+    obs, *_ = env.step("click[attributes]")
+    product = shop.catalog["B07NZ173GY"]
+    tail = " [SEP] ".join([*product.attributes, product.category, product.query, product.product_category])
+    assert obs.endswith("< Prev [SEP] " + tail) and env.render() == obs
+    plain = envhub.make("webshop/WebShopEval-v0", show_actions=False)
+    plain.reset(options={"goal_index": 710})
+    plain.step("search[fitflop men's hollis neoprene sport sandal]")
+    obs, *_ = plain.step("click[b07nz173gy]")
+    assert obs.endswith("[SEP] Reviews [SEP] Buy Now")
+    assert not plain.step("click[attributes]")[4]["action_is_valid"]

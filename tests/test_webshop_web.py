@@ -5,10 +5,13 @@ from __future__ import annotations
 import http.client
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import markupsafe
@@ -255,3 +258,33 @@ def test_a_person_can_shop_in_headless_chromium(server, shop, browser, tmp_path)
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width >= 800 and height >= 600 and len(data) > 10_000
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def test_envhub_webshop_serve_runs_until_interrupted(tmp_path):
+    script = Path(sys.executable).with_name("envhub")
+    proc = subprocess.Popen([str(script), "webshop", "serve", "--port", "0", "--split", "eval"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        banner = [proc.stdout.readline(), proc.stdout.readline()]
+        assert "1000 products, 1000 eval goals" in banner[0], banner
+        url = banner[1].split("Serving on ", 1)[1].split()[0]
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url) as response:
+            assert response.status == 200 and b'id="search-input"' in response.read()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out
+
+
+def test_serve_without_data_says_what_to_download(tmp_path):
+    from click.testing import CliRunner
+
+    from envhub.cli import cli
+
+    result = CliRunner().invoke(cli, ["webshop", "serve", "--data", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "items_shuffle_1000.json" in result.output and str(tmp_path) in result.output

@@ -30,7 +30,10 @@ def serve(host: str, port: int, split: str, data_dir: str | None, setting: str, 
         shop = load_shop(data_dir, setting=setting)
     except DataNotFound as exc:
         raise click.ClickException(str(exc)) from None
-    server = make_server(shop, host, port, shop.goal_set.split(split), upstream_quirks=not no_quirks)
+    try:
+        server = make_server(shop, host, port, shop.goal_set.split(split), upstream_quirks=not no_quirks)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}; try another --port") from None
     server.verbose = verbose
     click.echo(f"WebShop: {len(shop.catalog)} products, {len(server.split_indices)} {split} goals, title nouns by {shop.nouns.name}")
     click.echo(f"Serving on {server.url}/ (Ctrl-C to stop)")
