@@ -503,3 +503,33 @@ def test_attributes_page_when_asked_for(shop):
     obs, *_ = plain.step("click[b07nz173gy]")
     assert obs.endswith("[SEP] Reviews [SEP] Buy Now")
     assert not plain.step("click[attributes]")[4]["action_is_valid"]
+
+
+def test_bm25_index_agrees_with_a_direct_computation_on_the_catalog(shop):
+    import math
+    from collections import Counter
+
+    products = shop.catalog.products
+    docs = [Counter(analyze(p.search_text)) for p in products]
+    lengths = [sum(d.values()) for d in docs]
+    n, avgdl = len(docs), sum(lengths) / len(docs)
+    df = Counter(term for d in docs for term in d)
+    for goal in shop.goals[:: len(shop.goals) // 25]:
+        query = goal.instruction_text.lower()
+        terms = Counter(analyze(query))
+        expected = []
+        for p, doc, dl in zip(products, docs, lengths):
+            score = 0.0
+            for term, count in terms.items():
+                if doc[term]:
+                    idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                    score += count * idf * doc[term] / (doc[term] + 0.9 * (1 - 0.4 + 0.4 * quantize_length(dl) / avgdl))
+            if score > 0:
+                expected.append((p.asin, score))
+        expected.sort(key=lambda hit: (-hit[1], hit[0]))
+        got = shop.index.search(query)
+        assert len(got) == min(50, len(expected))
+        assert [s for _, s in got] == pytest.approx([s for _, s in expected[: len(got)]], rel=1e-5)
+        for (asin, score), (want, want_score) in zip(got, expected):
+            # The order is the same except where float32 rounding swaps a near-tie.
+            assert asin == want or math.isclose(score, want_score, rel_tol=1e-5)
