@@ -18,7 +18,7 @@ import markupsafe
 import pytest
 
 from envhub_webshop.oracle import Oracle
-from envhub_webshop.server import COOKIE, MAX_BODY, make_server
+from envhub_webshop.server import COOKIE, MAX_BODY, make_server, session_code
 from envhub_webshop.shop import load_shop
 
 DATA = Path(os.environ["ENVHUB_WEBSHOP_DATA"])
@@ -93,6 +93,8 @@ def test_pages_follow_the_state_machine(server, shop):
     client.post("/click", target="buy now")
     _, page, _ = client.request("GET", "/")
     assert 'id="score"' in page and goal.asin in page
+    assert f'<code id="code">{session_code(client.cookie)}</code>' in page
+    assert session_code("") == "DA39A3EE5E" and len(session_code(client.cookie)) == 10
     assert client.post("/search", q="anything")[0] == 409
 
 

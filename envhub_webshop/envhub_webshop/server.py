@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import random
 import secrets
 import sys
@@ -237,7 +238,7 @@ class WebShopHandler(BaseHTTPRequestHandler):
             raise BadRequest(HTTPStatus.BAD_REQUEST, "/ takes no parameters")
         sid, visitor, created = self._visitor()
         with visitor.lock:
-            body = render_page(visitor.session)
+            body = render_page(visitor.session, session_code(sid))
         self._send_html(HTTPStatus.OK, body, sid if created else None)
 
     def _new(self, query: dict[str, list[str]]) -> None:
@@ -308,9 +309,14 @@ class WebShopHandler(BaseHTTPRequestHandler):
         self._send_html(status, body)
 
 
-def render_page(session: ShopSession) -> str:
-    """The HTML of ``session``'s current page."""
-    context: dict[str, Any] = {"s": session, "instruction": session.goal.instruction_text, "page": session.page}
+def session_code(sid: str) -> str:
+    """The completion code upstream's web app shows: SHA-1 of the session id, 10 hex digits, upper case."""
+    return hashlib.sha1(sid.encode("utf-8")).hexdigest()[:10].upper()
+
+
+def render_page(session: ShopSession, code: str = "") -> str:
+    """The HTML of ``session``'s current page (``code`` is shown on the score page)."""
+    context: dict[str, Any] = {"s": session, "instruction": session.goal.instruction_text, "page": session.page, "code": code}
     if session.page == SEARCH:
         return _TEMPLATES.get_template("search.html").render(**context)
     if session.page == RESULTS:
