@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := ./envhub_frozenlake
+PLUGINS := ./envhub_frozenlake ./envhub_sokoban
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo bench clean
