@@ -8,7 +8,7 @@ import numpy as np
 
 from envhub.core import DiscreteTextEnv
 from envhub_sokoban.board import ACTIONS, LEGENDS, Board, InvalidLevel
-from envhub_sokoban.generator import generate_level
+from envhub_sokoban.generator import check_settings, generate_level
 from envhub_sokoban.render import board_to_rgb
 from envhub_sokoban.solver import Oracle, SearchLimit
 
@@ -50,6 +50,10 @@ class SokobanEnv(DiscreteTextEnv):
         symbols: the text legend, ``"ragen"`` (``# _ O X √ P S``) or ``"alt"`` (``W . G B C A @``).
         level: a fixed level to play every episode instead of generated ones.
         render_mode: ``"ansi"`` (text, the default) or ``"rgb_array"`` (a picture).
+
+    Raises:
+        ValueError: on generation settings that cannot make a level, or unknown ``symbols``.
+        InvalidLevel: when a given level cannot be played (also from ``reset``).
     """
 
     action_names = ACTIONS
@@ -71,6 +75,7 @@ class SokobanEnv(DiscreteTextEnv):
         if symbols not in LEGENDS:
             raise ValueError(f"unknown symbols {symbols!r}; choose one of {sorted(LEGENDS)}")
         self.legend = LEGENDS[symbols]
+        check_settings(height, width, num_boxes, search_depth)
         self.generation = {
             "height": height,
             "width": width,

@@ -84,6 +84,22 @@ def room_topology(rng: np.random.Generator, height: int, width: int, num_steps: 
     return floor
 
 
+def check_settings(height: int, width: int, num_boxes: int, search_depth: int) -> None:
+    """Refuse generation settings that cannot describe a level.
+
+    Raises:
+        ValueError: naming the setting to change.
+    """
+    if height < 3 or width < 3:
+        raise ValueError(f"a room needs at least 3x3 cells including its walls, got {height}x{width}")
+    if num_boxes < 1 or (height - 2) * (width - 2) < num_boxes + 2:
+        raise ValueError(
+            f"{num_boxes} boxes need 1 <= num_boxes <= {(height - 2) * (width - 2) - 2} in a {height}x{width} room"
+        )
+    if search_depth < 1:
+        raise ValueError(f"search_depth must be at least 1, got {search_depth}")
+
+
 def generate_level(
     rng: np.random.Generator,
     *,
@@ -114,14 +130,7 @@ def generate_level(
         ValueError: on settings that cannot describe a level.
         GenerationError: if ``max_attempts`` rooms all failed.
     """
-    if height < 3 or width < 3:
-        raise ValueError(f"a room needs at least 3x3 cells including its walls, got {height}x{width}")
-    if num_boxes < 1 or (height - 2) * (width - 2) < num_boxes + 2:
-        raise ValueError(
-            f"{num_boxes} boxes need 1 <= num_boxes <= {(height - 2) * (width - 2) - 2} in a {height}x{width} room"
-        )
-    if search_depth < 1:
-        raise ValueError(f"search_depth must be at least 1, got {search_depth}")
+    check_settings(height, width, num_boxes, search_depth)
     steps = int(1.7 * (height + width)) if num_steps is None else num_steps
     walls_all = (1 << (height * width)) - 1
     for attempt in range(1, max_attempts + 1):
