@@ -1,4 +1,7 @@
 # One-command set-up: `make test` and `make demo` create .venv when missing and install everything.
+# Editable installs use compat mode (a path entry per distribution): with the default import-hook
+# mode, a plugin folder such as ./envhub_frozenlake shadows its package as a namespace package
+# whenever Python runs from the repository root.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test,render]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q --config-settings editable_mode=compat -e ".[test,render]" $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 
 test: setup

@@ -1,0 +1,107 @@
+"""GRPO and GiGPO advantages on hand-worked examples."""
+
+import numpy as np
+import pytest
+
+from envhub_trl.advantages import discounted_returns, gigpo_advantages, group_normalize, grpo_advantages
+
+
+def test_grpo_normalises_within_each_group():
+    returns = np.array([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 5.0])
+    groups = np.array([0, 0, 0, 0, 1, 1, 2])
+    # group 0: mean 0.5, unbiased std sqrt(1/3); group 1 ties; group 2 has one member
+    expected = np.array([0.5, -0.5, -0.5, 0.5, 0, 0, 0]) / np.sqrt(1 / 3)
+    np.testing.assert_allclose(grpo_advantages(returns, groups), expected, rtol=1e-5)
+    np.testing.assert_allclose(grpo_advantages(returns, groups, norm="mean"), [0.5, -0.5, -0.5, 0.5, 0, 0, 0])
+
+
+def test_group_labels_need_not_be_contiguous_or_sorted():
+    a = group_normalize(np.array([3.0, 1.0, 10.0, 20.0]), np.array([7, 7, -2, -2]), norm="mean")
+    np.testing.assert_allclose(a, [1, -1, -5, 5])
+    with pytest.raises(ValueError, match="norm"):
+        group_normalize(np.ones(2), np.zeros(2), norm="std")
+
+
+def test_discounted_returns_per_trajectory_in_any_order():
+    rewards = np.array([0.0, 1.0, 0.0, 0.0, 1.0])
+    traj = np.array([0, 0, 1, 1, 1])
+    step = np.array([0, 1, 0, 1, 2])
+    expected = np.array([0.5, 1.0, 0.25, 0.5, 1.0])
+    np.testing.assert_allclose(discounted_returns(rewards, traj, step, 0.5), expected)
+    order = np.array([4, 2, 0, 3, 1])
+    np.testing.assert_allclose(discounted_returns(rewards[order], traj[order], step[order], 0.5), expected[order])
+    np.testing.assert_allclose(discounted_returns(rewards, traj, step, 1.0), [1, 1, 1, 1, 1])
+
+
+def _batch():
+    """Env group 0: traj 0 visits A,B; traj 1 visits A,C,B; traj 3 visits A,B,A.
+    Env group 1: traj 2 visits A once (same key as group 0's A, but another group)."""
+    steps = [
+        # traj, t, state, reward
+        (0, 0, "A", 0.0), (0, 1, "B", 1.0),
+        (1, 0, "A", 0.0), (1, 1, "C", 0.0), (1, 2, "B", 1.0),
+        (2, 0, "A", 0.0),
+        (3, 0, "A", 0.0), (3, 1, "B", 0.0), (3, 2, "A", 1.0),
+    ]
+    traj, t, keys, rewards = map(np.array, zip(*steps))
+    return dict(rewards=rewards, traj_index=traj, step_index=t, traj_groups=np.array([0, 0, 1, 0]), state_keys=keys)
+
+
+def test_gigpo_by_hand_mean_norm():
+    out = gigpo_advantages(**_batch(), gamma=0.5, norm="mean")
+    # step returns: traj0 [0.5, 1]; traj1 [0.25, 0.5, 1]; traj2 [0]; traj3 [0.25, 0.5, 1]
+    np.testing.assert_allclose(out["step_returns"], [0.5, 1, 0.25, 0.5, 1, 0, 0.25, 0.5, 1])
+    # anchor (g0, A) = {0.5, 0.25, 0.25, 1} mean 0.5 -> {0, -.25, -.25, .5}
+    # anchor (g0, B) = {1, 1, 0.5} mean 5/6; anchor (g0, C) singleton; anchor (g1, A) singleton
+    expected_step = [0, 1 / 6, -0.25, 0, 1 / 6, 0, -0.25, 0.5 - 5 / 6, 0.5]
+    np.testing.assert_allclose(out["step"], expected_step, atol=1e-12)
+    np.testing.assert_array_equal(out["anchor_size"], [4, 3, 4, 1, 3, 1, 4, 3, 4])
+    # episode returns: group 0 = {1, 1, 1} -> 0; group 1 = {0} -> 0
+    np.testing.assert_allclose(out["episode"], [0, 0, 0, 0])
+    np.testing.assert_allclose(out["advantages"], expected_step, atol=1e-12)
+
+
+def test_gigpo_identical_states_in_two_groups_stay_apart():
+    batch = _batch()
+    out = gigpo_advantages(**batch, gamma=0.5, norm="mean")
+    assert out["anchor_size"][5] == 1 and out["step"][5] == 0.0
+    merged = dict(batch, traj_groups=np.array([0, 0, 0, 0]))
+    pooled = gigpo_advantages(**merged, gamma=0.5, norm="mean")
+    assert pooled["anchor_size"][5] == 5 and pooled["step"][5] != 0.0
+
+
+def test_gigpo_mean_std_weight_and_episode_level():
+    batch = _batch()
+    batch["rewards"] = np.array([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # traj 1 fails
+    out = gigpo_advantages(**batch, gamma=0.5, norm="mean_std", step_weight=0.5, eps=0.0)
+    returns = np.array([1.0, 0.0, 0.0, 1.0])
+    group0 = returns[[0, 1, 3]]
+    ep = (group0 - group0.mean()) / group0.std(ddof=1)
+    np.testing.assert_allclose(out["episode"][[0, 1, 3]], ep)
+    assert out["episode"][2] == 0.0
+    a_vals = out["step_returns"][[0, 2, 6, 8]]  # anchor (g0, A): traj0 t0, traj1 t0, traj3 t0 and t2
+    a_norm = (a_vals - a_vals.mean()) / a_vals.std(ddof=1)
+    np.testing.assert_allclose(out["step"][[0, 2, 6, 8]], a_norm)
+    expected = out["episode"][batch["traj_index"]] + 0.5 * out["step"]
+    np.testing.assert_allclose(out["advantages"], expected)
+    assert out["advantages"][1] > 0 > out["advantages"][4]  # the success step beats the failed one
+
+
+def test_tied_groups_get_zero_even_without_eps():
+    np.testing.assert_array_equal(group_normalize(np.array([2.0, 2.0, 1.0]), np.array([0, 0, 1]), eps=0.0), [0, 0, 0])
+
+
+def test_gigpo_with_no_repeated_states_reduces_to_grpo():
+    traj = np.array([0, 0, 1, 1])
+    out = gigpo_advantages(np.array([0.0, 1.0, 0.0, 0.0]), traj, np.array([0, 1, 0, 1]), np.array([0, 0]),
+                           np.array(["a", "b", "c", "d"]))
+    np.testing.assert_allclose(out["advantages"], grpo_advantages(np.array([1.0, 0.0]), np.array([0, 0]))[traj])
+
+
+def test_gigpo_scales_to_a_16k_step_batch_without_python_loops():
+    rng = np.random.default_rng(0)
+    n_traj, length = 1024, 16
+    traj = np.repeat(np.arange(n_traj), length)
+    out = gigpo_advantages(rng.random(n_traj * length), traj, np.tile(np.arange(length), n_traj),
+                           np.arange(n_traj) // 8, rng.integers(0, 20, n_traj * length).astype(str))
+    assert out["advantages"].shape == (n_traj * length,) and np.isfinite(out["advantages"]).all()

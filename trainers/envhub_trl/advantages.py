@@ -1,0 +1,128 @@
+"""Advantage estimators for multi-turn GRPO and GiGPO, as pure vectorised numpy functions.
+
+Inputs are flat per-step arrays (one entry per turn of every trajectory in the batch) plus the env
+group of each trajectory; nothing here knows about tokens or models, so every formula can be
+checked by hand.
+
+GRPO: each trajectory's return, normalised within its env group (the members that share one initial
+state). GiGPO (Feng et al., 2025, "Group-in-Group Policy Optimization"): the same episode-level
+advantage, plus ``step_weight`` times a step-level advantage: each step's discounted return,
+normalised within its *anchor-state group* — the steps, of any member and any turn of the same env
+group, taken from the same state (``state_key``). Anchor groups never span env groups, and an
+anchor group of one step gets step advantage 0.
+
+Standard deviations are the unbiased (n - 1) ones, as ``torch.std`` computes them in TRL and in
+verl-agent; a group of one, or a group whose values all tie, gets advantage 0.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Norm = Literal["mean", "mean_std"]
+
+
+def group_normalize(values: np.ndarray, groups: np.ndarray, norm: Norm = "mean_std", eps: float = 1e-6) -> np.ndarray:
+    """Return ``values`` minus their group's mean, divided by the group's std when ``mean_std``.
+
+    Args:
+        values: shape ``(n,)``.
+        groups: shape ``(n,)``, any integer labels.
+        norm: ``"mean"`` (subtract the mean) or ``"mean_std"`` (also divide by std + eps).
+        eps: added to the std.
+
+    Returns:
+        Shape ``(n,)``; 0 for members of groups of size one.
+    """
+    if norm not in ("mean", "mean_std"):
+        raise ValueError(f"norm must be 'mean' or 'mean_std', got {norm!r}")
+    values = np.asarray(values, dtype=np.float64)
+    _, labels, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    mean = np.bincount(labels, weights=values) / counts
+    centred = values - mean[labels]
+    if norm == "mean_std":
+        sq = np.bincount(labels, weights=centred**2)
+        scale = np.sqrt(sq / np.maximum(counts - 1, 1))[labels] + eps
+        centred = np.divide(centred, scale, out=np.zeros_like(centred), where=scale > 0)
+    return np.where(counts[labels] > 1, centred, 0.0)
+
+
+def grpo_advantages(returns: np.ndarray, groups: np.ndarray, norm: Norm = "mean_std", eps: float = 1e-6) -> np.ndarray:
+    """Episode-level GRPO advantage of each trajectory: its return normalised within its env group.
+
+    Args:
+        returns: shape ``(n_traj,)``, the undiscounted return of each trajectory.
+        groups: shape ``(n_traj,)``, the env group of each trajectory.
+    """
+    return group_normalize(returns, groups, norm, eps)
+
+
+def discounted_returns(rewards: np.ndarray, traj_index: np.ndarray, step_index: np.ndarray, gamma: float) -> np.ndarray:
+    """Return ``R_t = sum_{k >= t} gamma^(k - t) r_k`` within each trajectory, for every step.
+
+    Steps may come in any order; ``step_index`` gives each step's turn number (0-based, contiguous
+    within a trajectory). Computed as one matrix product over trajectories padded to the longest,
+    so there is no Python loop over steps.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    _, traj = np.unique(traj_index, return_inverse=True)
+    step_index = np.asarray(step_index)
+    length = int(step_index.max()) + 1 if len(step_index) else 0
+    padded = np.zeros((traj.max() + 1 if len(traj) else 0, length))
+    padded[traj, step_index] = rewards
+    offsets = np.arange(length)
+    exponent = offsets[:, None] - offsets[None, :]  # k - t
+    discount = np.where(exponent >= 0, float(gamma) ** np.maximum(exponent, 0), 0.0)
+    return (padded @ discount)[traj, step_index]
+
+
+def gigpo_advantages(
+    rewards: np.ndarray,
+    traj_index: np.ndarray,
+    step_index: np.ndarray,
+    traj_groups: np.ndarray,
+    state_keys: np.ndarray,
+    *,
+    step_weight: float = 1.0,
+    gamma: float = 0.95,
+    norm: Norm = "mean_std",
+    eps: float = 1e-6,
+) -> dict[str, np.ndarray]:
+    """GiGPO's per-step advantage: episode-level plus ``step_weight`` x step-level.
+
+    Args:
+        rewards: shape ``(n_steps,)``, the reward of each step.
+        traj_index: shape ``(n_steps,)``, which trajectory (0..n_traj-1) each step belongs to.
+        step_index: shape ``(n_steps,)``, the step's turn number within its trajectory.
+        traj_groups: shape ``(n_traj,)``, the env group of each trajectory.
+        state_keys: shape ``(n_steps,)``, the ``state_key`` of the state each action was taken in.
+        step_weight: ω, the weight of the step-level advantage.
+        gamma: γ, the discount of the step returns.
+        norm: ``"mean"`` or ``"mean_std"``, for both levels.
+
+    Returns:
+        ``advantages`` (per step), ``episode`` (per trajectory), ``step`` (per step),
+        ``anchor_size`` (per step: how many steps share its anchor group).
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    traj_index = np.asarray(traj_index)
+    traj_groups = np.asarray(traj_groups)
+    returns = np.bincount(traj_index, weights=rewards, minlength=len(traj_groups))
+    episode = grpo_advantages(returns, traj_groups, norm, eps)
+    step_returns = discounted_returns(rewards, traj_index, step_index, gamma)
+    step_groups = traj_groups[traj_index]
+    # An anchor is (env group, state key): the same state in two env groups stays two anchors.
+    _, group_codes = np.unique(step_groups, return_inverse=True)
+    _, key_codes = np.unique(np.asarray(state_keys, dtype=object).astype(str), return_inverse=True)
+    anchors = group_codes.astype(np.int64) * (int(key_codes.max()) + 1 if len(key_codes) else 1) + key_codes
+    step = group_normalize(step_returns, anchors, norm, eps)
+    _, anchor_labels, anchor_counts = np.unique(anchors, return_inverse=True, return_counts=True)
+    return {
+        "advantages": episode[traj_index] + step_weight * step,
+        "episode": episode,
+        "step": step,
+        "anchor_size": anchor_counts[anchor_labels],
+        "step_returns": step_returns,
+    }
