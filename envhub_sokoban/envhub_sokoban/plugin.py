@@ -1,12 +1,16 @@
 """Registers the Sokoban environments with envhub."""
 
+from collections.abc import Callable
+from typing import Any
+
 from envhub import hookimpl
 
 ENTRY = "envhub_sokoban.env:SokobanEnv"
 
 
 @hookimpl
-def register_envs(register):
+def register_envs(register: Callable[..., Any]) -> None:
+    """Register RAGEN's 6x6 one-box setting (in two symbol sets) and the 8x8 and 10x10 rooms."""
     register(
         "sokoban/Sokoban-v0",
         ENTRY,

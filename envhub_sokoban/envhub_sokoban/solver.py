@@ -19,8 +19,8 @@ from __future__ import annotations
 from envhub.error import EnvhubError
 from envhub_sokoban.board import ACTIONS, Board
 
-#: Positions a forward search may visit before it gives up (about a few seconds of work).
-DEFAULT_MAX_STATES = 300_000
+#: Positions a forward search may visit before it gives up (a few seconds of pure Python).
+DEFAULT_MAX_STATES = 2_000_000
 
 
 class SearchLimit(EnvhubError):
@@ -178,6 +178,7 @@ class Oracle:
         self.max_states = max_states
         self.dead = dead_squares(board)
         self._plan: dict[tuple[int, int], str] = {}
+        self._hopeless: set[tuple[int, int]] = set()  # positions already searched in vain
         self._blocks = self._two_by_two_blocks()
 
     def action(self, board: Board) -> str | None:
@@ -186,14 +187,14 @@ class Oracle:
         if board.solved:
             return None
         key = (board.boxes, board.player)
-        if key not in self._plan:
+        if key not in self._plan and key not in self._hopeless:
             try:
                 path = self.solve(board)
             except SearchLimit:
-                return None
+                path = None
             if path is None:
-                return None
-        return self._plan[key]
+                self._hopeless.add(key)
+        return self._plan.get(key)
 
     def solve(self, board: Board) -> list[str] | None:
         """An optimal action sequence from ``board`` to the solution; None if there is none.
