@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from envhub_sokoban import Board, generate_level, solve
+from envhub_sokoban import generate_level, solve
+from envhub_sokoban.interop import board_from_rooms
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = [  # height, width, boxes, envhub search_depth (as registered)
@@ -78,21 +79,6 @@ def gym_version(python: Path) -> str:
     return next(line.split(":", 1)[1].strip() for line in out.stdout.splitlines() if line.startswith("Version:"))
 
 
-def board_from_gym(fixed: list[list[int]], state: list[list[int]]) -> Board:
-    """gym-sokoban's arrays (0 wall, 1 floor, 2 target / 3 box on target, 4 box, 5 player) as a Board."""
-    height, width = len(fixed), len(fixed[0])
-    walls = targets = boxes = 0
-    player = -1
-    for r in range(height):
-        for c in range(width):
-            bit = 1 << (r * width + c)
-            walls |= bit if fixed[r][c] == 0 else 0
-            targets |= bit if fixed[r][c] == 2 else 0
-            boxes |= bit if state[r][c] in (3, 4) else 0
-            player = r * width + c if state[r][c] == 5 else player
-    return Board(height=height, width=width, walls=walls, targets=targets, boxes=boxes, player=player)
-
-
 def summary(seconds: list[float]) -> dict[str, float]:
     ms = sorted(1000 * s for s in seconds)
     return {
@@ -115,7 +101,7 @@ def run_setting(python: Path, height: int, width: int, boxes: int, depth: int, l
     gym = json.loads(proc.stdout)
     gym_records = gym["records"]
     gym_failures = [r["error"] for r in gym_records if "error" in r]
-    gym_lengths = [len(solve(board_from_gym(r["fixed"], r["state"]))) for r in gym_records if "error" not in r]
+    gym_lengths = [len(solve(board_from_rooms(r["fixed"], r["state"]))) for r in gym_records if "error" not in r]
 
     ours_seconds, ours_lengths, ours_attempts, solve_seconds = [], [], [], []
     for seed in range(levels):

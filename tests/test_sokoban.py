@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from envhub_sokoban.interop import board_from_rooms, board_to_rooms
 from envhub_sokoban.render import TILE, board_to_rgb
 from envhub_sokoban.solver import DistanceTable, dead_squares
 
@@ -129,6 +130,14 @@ def test_unplayable_levels_are_refused_with_a_reason(text, fragment):
     env = SokobanEnv()
     with pytest.raises(InvalidLevel, match=fragment):
         env.reset(seed=0, options={"level": text})
+
+
+def test_gym_sokoban_room_arrays_convert_both_ways():
+    board = Board.from_text("######\n#S_X_#\n#_√__#\n######")
+    fixed, state = board_to_rooms(board)
+    assert fixed.tolist() == [[0] * 6, [0, 2, 1, 1, 1, 0], [0, 1, 2, 1, 1, 0], [0] * 6]
+    assert state.tolist() == [[0] * 6, [0, 5, 1, 4, 1, 0], [0, 1, 3, 1, 1, 0], [0] * 6]
+    assert board_from_rooms(fixed, state) == board
 
 
 # ---------------------------------------------------------------------- solver
