@@ -38,7 +38,8 @@ class SokobanEnv(DiscreteTextEnv):
     Levels come from :func:`envhub_sokoban.generator.generate_level` (reverse play, every level
     solvable and unsolved); ``reset`` reports the level's optimal solution length in
     ``info["optimal_length"]``. A fixed hand-written level can be given as ``level`` or per
-    episode as ``reset(options={"level": text})``, in the env's symbols.
+    episode as ``reset(options={"level": text})``, in the env's symbols; its optimal length comes
+    from the solver, and is None when the level cannot be solved (or the search gives up).
 
     Args:
         height: rows of generated rooms, outer walls included.
