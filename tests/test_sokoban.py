@@ -7,9 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-from envhub_sokoban.interop import board_from_rooms, board_to_rooms
-from envhub_sokoban.render import TILE, board_to_rgb
-from envhub_sokoban.solver import DistanceTable, dead_squares
 
 import envhub
 from envhub.checker import check_env
@@ -20,9 +17,13 @@ from envhub_sokoban import (
     InvalidLevel,
     Oracle,
     SokobanEnv,
+    board_from_rooms,
+    board_to_rooms,
     generate_level,
     solve,
 )
+from envhub_sokoban.render import TILE, board_to_rgb
+from envhub_sokoban.solver import DistanceTable, dead_squares
 
 VARIANTS = {
     "sokoban/Sokoban-v0": (6, 6, 1),
