@@ -7,7 +7,7 @@ path, which runs on numpy 2 without gym. Each generator makes ``--levels`` level
 ``SokobanEnv`` calls it (``num_steps = 1.7 * (height + width)``, its default 4 tries; a level that
 raises counts as a failure and its time counts too); envhub-sokoban with the registered variants'
 ``search_depth``. Also reported: the optimal solution lengths of both generators' levels (from
-envhub-sokoban's solver) and that solver's time on envhub's levels. Goal: gym-sokoban median /
+envhub-sokoban's solver) and that solver's time on both generators' levels. Goal: gym-sokoban median /
 envhub median >= 10 at 8x8/2 and at 10x10/3. Writes bench/results/sokoban_generation.json.
 
     python bench/sokoban_generation.py [--levels 50]
@@ -101,7 +101,12 @@ def run_setting(python: Path, height: int, width: int, boxes: int, depth: int, l
     gym = json.loads(proc.stdout)
     gym_records = gym["records"]
     gym_failures = [r["error"] for r in gym_records if "error" in r]
-    gym_lengths = [len(solve(board_from_rooms(r["fixed"], r["state"]))) for r in gym_records if "error" not in r]
+    gym_lengths, gym_solve_seconds = [], []
+    for record in gym_records:
+        if "error" not in record:
+            start = time.perf_counter()
+            gym_lengths.append(len(solve(board_from_rooms(record["fixed"], record["state"]))))
+            gym_solve_seconds.append(time.perf_counter() - start)
 
     ours_seconds, ours_lengths, ours_attempts, solve_seconds = [], [], [], []
     for seed in range(levels):
@@ -125,6 +130,7 @@ def run_setting(python: Path, height: int, width: int, boxes: int, depth: int, l
             "failures": len(gym_failures),
             "failure_messages": sorted(set(gym_failures)),
             "optimal_length": lengths(gym_lengths) if gym_lengths else None,
+            "envhub_solver": summary(gym_solve_seconds) if gym_solve_seconds else None,
             "numpy": gym["numpy"],
         },
         "envhub_sokoban": {
@@ -159,8 +165,10 @@ def main() -> None:
             f"failures {g['failures']:2d}  |  envhub median {o['median_ms']:6.2f} ms  p90 {o['p90_ms']:6.2f} ms  "
             f"failures 0  |  speedup median {row['speedup_median']:6.1f}x  p90 {row['speedup_p90']:6.1f}x  |  "
             f"optimal length median gym {g['optimal_length']['median'] if g['optimal_length'] else '-'} "
-            f"envhub {o['optimal_length']['median']}  |  solver median {o['solver_from_scratch']['median_ms']:.1f} ms "
-            f"max {o['solver_from_scratch']['max_ms']:.1f} ms",
+            f"envhub {o['optimal_length']['median']}  |  solver on envhub levels median "
+            f"{o['solver_from_scratch']['median_ms']:.1f} ms max {o['solver_from_scratch']['max_ms']:.1f} ms"
+            + (f", on gym levels median {g['envhub_solver']['median_ms']:.1f} ms max {g['envhub_solver']['max_ms']:.1f} ms"
+               if g["envhub_solver"] else ""),
             flush=True,
         )
     result = {
