@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --config-settings editable_mode=compat -e ".[test,render]" $(addprefix -e ,$(PLUGINS))
+	$(PIP) install -q --config-settings editable_mode=compat -e ".[test,render,pettingzoo]" $(addprefix -e ,$(PLUGINS))
 	touch $(STAMP)
 
 test: setup
