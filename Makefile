@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := ./envhub_frozenlake ./envhub_webshop
+PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo bench clean
@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --config-settings editable_mode=compat -e ".[test,render]" $(addprefix -e ,$(PLUGINS)) selenium
+	$(PIP) install -q --config-settings editable_mode=compat -e ".[test,render,pettingzoo]" $(addprefix -e ,$(PLUGINS)) selenium
 	touch $(STAMP)
 
 test: setup

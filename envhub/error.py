@@ -43,3 +43,11 @@ class PolicyError(EnvhubError):
 
 class CheckFailed(EnvhubError):
     """The conformance checker found an environment that breaks the contract."""
+
+
+class AdapterError(EnvhubError, ValueError):
+    """A Gymnasium or PettingZoo environment cannot be adapted as given; the message names what to pass."""
+
+
+class MissingDependency(EnvhubError, ImportError):
+    """An optional dependency is not installed; the message says what to ``pip install``."""

@@ -23,7 +23,7 @@ ENTRY_POINT_GROUP = "envhub"
 
 #: Plugins that ship with the core (plugin name -> module), registered through the same hooks
 #: as external ones, like datasette's default plugins.
-DEFAULT_PLUGINS: dict[str, str] = {}
+DEFAULT_PLUGINS: dict[str, str] = {"envhub-adapters": "envhub.adapters.plugin"}
 
 
 @dataclasses.dataclass
