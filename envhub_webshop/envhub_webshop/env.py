@@ -164,16 +164,15 @@ class WebShopEnv(TextEnv):
         assert self.session is not None
         return [f"click[{key}]" for key in self.session.clickables() if key != "search"]
 
-    def valid_actions(self) -> list[str]:
-        """The clicks the page offers and, on the search page, the oracle's search.
+    def valid_actions(self) -> list[str] | None:
+        """The clicks the page offers; None on the search page, where the query is free text.
 
-        Any ``search[...]`` is legal on every page; the list holds one concrete search, so that
-        random and expert policies can start an episode.
+        ``search[...]`` is also legal on every page (as upstream); the list holds the clicks, the
+        finite part a policy can choose from. It never holds a concrete search: the oracle's query
+        would hand the goal product's title to any policy that reads the list.
         """
-        if self.session is None:
-            return []
-        if self.session.page == SEARCH:
-            return [self.oracle.search_action(self.session)]
+        if self.session is None or self.session.page == SEARCH:
+            return None
         return self._click_actions()
 
     def expert_action(self) -> str | None:
