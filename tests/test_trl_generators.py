@@ -202,6 +202,8 @@ def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
         assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, prompt.token_ids, completion.token_ids), abs=2e-3)
     again = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
     assert [c.token_ids for c in again] == [c.token_ids for c in completions]
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        engine.generate([Prompt([5] * 2048, [])], SamplingParams(max_new_tokens=4))
     manager.step(completions)
     assert all(t.num_turns == 1 for t in manager.trajectories())
 
