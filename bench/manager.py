@@ -166,9 +166,8 @@ def main() -> None:
 
     tokenizer, tiny_path = None, None
     try:
-        from transformers import AutoTokenizer
-
         from envhub_trl.tiny import build_tiny
+        from transformers import AutoTokenizer
 
         tiny_path = build_tiny(Path(tempfile.mkdtemp(prefix="envhub-bench-")) / "tiny")
         tokenizer = AutoTokenizer.from_pretrained(tiny_path)
