@@ -18,8 +18,8 @@ import envhub
 from envhub import plugins
 from envhub.checker import check_env
 from envhub.core import TextEnv, shorten
-from envhub.error import EnvhubError, PolicyError
-from envhub.generation import POLICIES, HumanPolicy, Policy
+from envhub.error import EnvhubError
+from envhub.generation import HumanPolicy, Policy, get_policy
 from envhub.registration import make, registry, spec
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -145,13 +145,10 @@ def info(env_id: str, as_json: bool) -> None:
 # ---------------------------------------------------------------------- run
 
 
-def _policy(name: str, seed: int) -> Policy:
-    factory = POLICIES.get(name)
-    if factory is None:
-        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    if name == "human":
+def _policy(name: str, env_id: str, seed: int) -> Policy:
+    if name == "human":  # prompts go to stderr so that --json output stays clean
         return HumanPolicy(prompt=lambda text: click.prompt(text.rstrip("> "), prompt_suffix="> ", err=True))
-    return factory(seed=seed)
+    return get_policy(name, env_id, seed)
 
 
 def _jsonable(value: Any) -> Any:
@@ -248,7 +245,8 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
 @click.argument("env_id")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode; episode i uses seed+i.")
 @click.option("--episodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--policy", default="random", show_default=True, help="random, expert or human.")
+@click.option("--policy", default="random", show_default=True,
+              help="random, expert, human, or a model path (with envhub-trl installed).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
 @click.option("--render", "render_path", type=click.Path(path_type=Path), default=None,
               help="Save pictures: FILE.png (last frame per episode), FILE.gif, or a folder of frames.")
@@ -256,7 +254,7 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
 def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, render_path: Path | None, as_json: bool) -> None:
     """Play episodes of ENV_ID with a policy; people see the board, scripts get JSON lines."""
     env = make(env_id, max_turns=max_turns, **({"render_mode": "rgb_array"} if render_path else {}))
-    chosen = _policy(policy, seed)
+    chosen = _policy(policy, env_id, seed)
     sink = FrameSink(render_path) if render_path else None
     if policy == "human" and not as_json:
         click.echo(env.instructions)

@@ -89,7 +89,7 @@ def test_run_unknown_env_and_policy_are_one_line_errors():
     result = CliRunner().invoke(cli, ["run", "frozenlake/FrozenLak-v0"])
     assert result.exit_code == 1 and "Did you mean 'frozenlake/FrozenLake-v0'" in result.output
     result = CliRunner().invoke(cli, ["run", ENV, "--policy", "psychic"])
-    assert result.exit_code == 1 and "unknown policy" in result.output
+    assert result.exit_code == 1 and "no policy called 'psychic'" in result.output
 
 
 def test_check_passes_and_prints_json():
