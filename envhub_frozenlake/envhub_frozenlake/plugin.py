@@ -4,34 +4,22 @@ from envhub import hookimpl
 
 ENTRY = "envhub_frozenlake.env:FrozenLakeTextEnv"
 
+#: (name, map size, slippery, turn limit, description); every map is random from the seed, p=0.8.
+VARIANTS = (
+    ("FrozenLake-v0", 4, True, 20, "4x4 random map, slippery ice, p=0.8, 20 turns (ROLL/RAGEN setting)"),
+    ("FrozenLakeNotSlippery-v0", 4, False, 20, "4x4 random map, deterministic moves, p=0.8, 20 turns"),
+    ("FrozenLake8x8-v0", 8, True, 100, "8x8 random map, slippery ice, p=0.8, 100 turns"),
+    ("FrozenLake8x8NotSlippery-v0", 8, False, 50, "8x8 random map, deterministic moves, p=0.8, 50 turns"),
+)
+
 
 @hookimpl
 def register_envs(register):
-    register(
-        "frozenlake/FrozenLake-v0",
-        ENTRY,
-        kwargs={"size": 4, "p": 0.8, "is_slippery": True},
-        max_turns=20,
-        description="4x4 random map, slippery ice, p=0.8, 20 turns (ROLL/RAGEN setting)",
-    )
-    register(
-        "frozenlake/FrozenLakeNotSlippery-v0",
-        ENTRY,
-        kwargs={"size": 4, "p": 0.8, "is_slippery": False},
-        max_turns=20,
-        description="4x4 random map, deterministic moves, p=0.8, 20 turns",
-    )
-    register(
-        "frozenlake/FrozenLake8x8-v0",
-        ENTRY,
-        kwargs={"size": 8, "p": 0.8, "is_slippery": True},
-        max_turns=100,
-        description="8x8 random map, slippery ice, p=0.8, 100 turns",
-    )
-    register(
-        "frozenlake/FrozenLake8x8NotSlippery-v0",
-        ENTRY,
-        kwargs={"size": 8, "p": 0.8, "is_slippery": False},
-        max_turns=50,
-        description="8x8 random map, deterministic moves, p=0.8, 50 turns",
-    )
+    for name, size, slippery, turns, description in VARIANTS:
+        register(
+            f"frozenlake/{name}",
+            ENTRY,
+            kwargs={"size": size, "p": 0.8, "is_slippery": slippery},
+            max_turns=turns,
+            description=description,
+        )
