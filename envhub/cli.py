@@ -17,7 +17,7 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
-from envhub.core import TextEnv
+from envhub.core import TextEnv, shorten
 from envhub.error import EnvhubError, PolicyError
 from envhub.generation import POLICIES, HumanPolicy, Policy
 from envhub.registration import make, registry, spec
@@ -131,7 +131,8 @@ def info(env_id: str, as_json: bool) -> None:
         return
     click.echo(f"{env_spec.id}  ({env_spec.plugin} {env_spec.version})")
     click.echo(f"  entry point: {payload['entry_point']}")
-    click.echo(f"  kwargs:      {json.dumps(env_spec.kwargs, default=str)}")
+    brief = {k: shorten(v) if isinstance(v, str) else v for k, v in env_spec.kwargs.items()}
+    click.echo(f"  kwargs:      {json.dumps(brief, default=str, ensure_ascii=False)}")
     click.echo(f"  max turns:   {env_spec.max_turns}")
     if env_spec.description:
         click.echo(f"  {env_spec.description}")

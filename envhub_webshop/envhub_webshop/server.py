@@ -1,0 +1,339 @@
+"""The shop as web pages for people, on the same state machine as the text env.
+
+A standard-library ``ThreadingHTTPServer`` serves Jinja2 templates. Each visitor gets a session
+(an unguessable id in an HttpOnly cookie) holding one :class:`~envhub_webshop.shop.ShopSession`;
+requests of one session are serialised by its lock, different sessions run in parallel and share
+only the read-only shop. Forms post to ``/search`` and ``/click`` and are answered with a redirect
+to ``/`` (post/redirect/get), so reloading a page never repeats an action.
+
+Routes: ``GET /`` the current page; ``GET /new[?goal=N]`` a new task (the split's ``N``-th goal, or
+a random one); ``POST /search`` (``q``); ``POST /click`` (``target``: a button text, product id or
+option value of the current page). Bad requests get a 4xx page saying why.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import random
+import secrets
+import sys
+import threading
+from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import jinja2
+
+from envhub_webshop.shop import DONE, ITEM, RESULTS, SEARCH, SUB_PAGES, Shop, ShopSession
+
+COOKIE = "webshop_session"
+MAX_BODY = 64 * 1024
+MAX_QUERY = 1000
+
+_TEMPLATES = jinja2.Environment(
+    # Next to this file rather than PackageLoader: a source checkout's outer envhub_webshop/ folder
+    # can shadow the package as a namespace package when Python runs from the repository root.
+    loader=jinja2.FileSystemLoader(Path(__file__).resolve().parent / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+class BadRequest(Exception):
+    """A request the server refuses, with its 4xx status and a message for the visitor."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass
+class Visitor:
+    """One visitor's session and the lock that serialises its requests."""
+
+    session: ShopSession
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class SessionStore:
+    """Visitors by session id, least recently used dropped beyond ``max_sessions``."""
+
+    def __init__(self, max_sessions: int = 1000):
+        self.max_sessions = max_sessions
+        self._visitors: collections.OrderedDict[str, Visitor] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, sid: str | None) -> Visitor | None:
+        """Return the visitor of ``sid`` (marking it recently used), or None."""
+        if not sid:
+            return None
+        with self._lock:
+            visitor = self._visitors.get(sid)
+            if visitor is not None:
+                self._visitors.move_to_end(sid)
+            return visitor
+
+    def put(self, sid: str, visitor: Visitor) -> None:
+        """Store ``visitor`` under ``sid``, evicting the least recently used beyond the cap."""
+        with self._lock:
+            self._visitors[sid] = visitor
+            self._visitors.move_to_end(sid)
+            while len(self._visitors) > self.max_sessions:
+                self._visitors.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._visitors)
+
+
+class WebShopServer(ThreadingHTTPServer):
+    """The HTTP server: the shop, the goals visitors get, and their sessions.
+
+    Args:
+        address: ``(host, port)``; port 0 picks a free one (see ``server_address``).
+        shop: the shared shop.
+        split_indices: the goal indices new tasks are drawn from.
+        upstream_quirks: passed to the reward.
+        max_sessions: how many visitors are remembered.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], shop: Shop, split_indices: range, upstream_quirks: bool = True, max_sessions: int = 1000):
+        super().__init__(address, WebShopHandler)
+        self.shop = shop
+        self.split_indices = split_indices
+        self.upstream_quirks = upstream_quirks
+        self.sessions = SessionStore(max_sessions)
+        self.verbose = False
+        self._rng = random.Random()
+        self._rng_lock = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A visitor hanging up is routine; anything else is printed as usual."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+    @property
+    def url(self) -> str:
+        """The base URL the server listens on."""
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def new_session(self, position: int | None = None) -> ShopSession:
+        """A session for the split's ``position``-th goal, or a random one."""
+        if position is None:
+            with self._rng_lock:
+                position = self._rng.randrange(len(self.split_indices))
+        index = self.split_indices[position]
+        return ShopSession(self.shop, self.shop.goals[index], index, upstream_quirks=self.upstream_quirks)
+
+
+class WebShopHandler(BaseHTTPRequestHandler):
+    """Routes requests to the visitor's session and renders its page."""
+
+    server: WebShopServer
+    server_version = "envhub-webshop"
+    protocol_version = "HTTP/1.1"
+
+    # ------------------------------------------------------------------ methods
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._handle("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._handle("POST")
+
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (PUT, DELETE, FOO, ...) is a client error, not http.server's 501.
+        if name.startswith("do_"):
+            return lambda: self._send_error(HTTPStatus.METHOD_NOT_ALLOWED, f"{name[3:]} is not supported; use GET or POST")
+        raise AttributeError(name)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+        """Quiet by default; the ``serve`` command logs requests when asked."""
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    # ------------------------------------------------------------------ routing
+
+    def _handle(self, method: str) -> None:
+        try:
+            path, query = self._split_url()
+            routes = {("GET", "/"): self._page, ("GET", "/new"): self._new, ("POST", "/search"): self._search, ("POST", "/click"): self._click}
+            handler = routes.get((method, path))
+            if handler is None:
+                if any(p == path for _, p in routes):
+                    raise BadRequest(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}")
+                raise BadRequest(HTTPStatus.NOT_FOUND, f"there is no page {path}")
+            handler(query)
+        except BadRequest as exc:
+            self._send_error(exc.status, str(exc))
+
+    def _split_url(self) -> tuple[str, dict[str, list[str]]]:
+        parts = urlsplit(self.path)
+        try:
+            query = parse_qs(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query), errors="strict")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, f"malformed query string: {exc}") from exc
+        return parts.path, query
+
+    def _visitor(self, create: bool = True) -> tuple[str, Visitor, bool]:
+        sid = None
+        raw = self.headers.get("Cookie")
+        if raw:
+            try:
+                morsel = SimpleCookie(raw).get(COOKIE)
+            except CookieError:
+                morsel = None
+            sid = morsel.value if morsel is not None else None
+        visitor = self.server.sessions.get(sid)
+        if visitor is not None:
+            return sid, visitor, False
+        if not create:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "no shopping session; open / first")
+        sid = secrets.token_urlsafe(18)
+        visitor = Visitor(self.server.new_session())
+        self.server.sessions.put(sid, visitor)
+        return sid, visitor, True
+
+    def _form(self) -> dict[str, list[str]]:
+        length = self.headers.get("Content-Length")
+        if length is None:
+            raise BadRequest(HTTPStatus.LENGTH_REQUIRED, "a POST needs a Content-Length")
+        try:
+            size = int(length)
+        except ValueError:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "Content-Length is not a number") from None
+        if size < 0:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "Content-Length is negative")
+        if size > MAX_BODY:
+            self.close_connection = True
+            raise BadRequest(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the form is larger than {MAX_BODY} bytes")
+        body = self.rfile.read(size)
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            raise BadRequest(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "send the form as application/x-www-form-urlencoded")
+        try:
+            return parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(body), errors="strict")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, f"malformed form: {exc}") from exc
+
+    @staticmethod
+    def _field(form: dict[str, list[str]], name: str) -> str:
+        values = form.get(name)
+        if not values or len(values) != 1:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, f"the form needs exactly one {name!r} field")
+        return values[0]
+
+    # ------------------------------------------------------------------ routes
+
+    def _page(self, query: dict[str, list[str]]) -> None:
+        if query:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "/ takes no parameters")
+        sid, visitor, created = self._visitor()
+        with visitor.lock:
+            body = render_page(visitor.session, session_code(sid))
+        self._send_html(HTTPStatus.OK, body, sid if created else None)
+
+    def _new(self, query: dict[str, list[str]]) -> None:
+        position = None
+        if query:
+            if set(query) != {"goal"} or len(query["goal"]) != 1 or not query["goal"][0].isdigit():
+                raise BadRequest(HTTPStatus.BAD_REQUEST, "/new takes one parameter, goal=N")
+            position = int(query["goal"][0])
+            if position >= len(self.server.split_indices):
+                raise BadRequest(HTTPStatus.NOT_FOUND, f"there are {len(self.server.split_indices)} goals (0 to {len(self.server.split_indices) - 1})")
+        sid, visitor, created = self._visitor()
+        with visitor.lock:
+            visitor.session = self.server.new_session(position)
+        self._redirect(sid if created else None)
+
+    def _search(self, _query: dict[str, list[str]]) -> None:
+        form = self._form()
+        text = self._field(form, "q")
+        if not text.strip():
+            raise BadRequest(HTTPStatus.BAD_REQUEST, "type something to search for")
+        if len(text) > MAX_QUERY or "\n" in text or "\r" in text:
+            raise BadRequest(HTTPStatus.BAD_REQUEST, f"a search is one line of at most {MAX_QUERY} characters")
+        sid, visitor, _ = self._visitor(create=False)
+        with visitor.lock:
+            if visitor.session.page == DONE:
+                raise BadRequest(HTTPStatus.CONFLICT, "this task is finished; start a new one")
+            visitor.session.act("search", text.lower())
+        self._redirect(None)
+
+    def _click(self, _query: dict[str, list[str]]) -> None:
+        form = self._form()
+        target = self._field(form, "target").lower()
+        _, visitor, _ = self._visitor(create=False)
+        with visitor.lock:
+            session = visitor.session
+            if target == "search" or target not in session.clickables():
+                raise BadRequest(HTTPStatus.BAD_REQUEST, f"{target[:80]!r} is not clickable on this page")
+            session.act("click", target)
+        self._redirect(None)
+
+    # ------------------------------------------------------------------ responses
+
+    def _send_html(self, status: HTTPStatus, body: str, new_sid: str | None = None) -> None:
+        data = body.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        if new_sid:
+            self.send_header("Set-Cookie", f"{COOKIE}={new_sid}; Path=/; HttpOnly; SameSite=Lax")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _redirect(self, new_sid: str | None) -> None:
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", "/")
+        self.send_header("Content-Length", "0")
+        if new_sid:
+            self.send_header("Set-Cookie", f"{COOKIE}={new_sid}; Path=/; HttpOnly; SameSite=Lax")
+        self.end_headers()
+
+    def _send_error(self, status: HTTPStatus, message: str) -> None:
+        # The request body may be unread: end the connection rather than parse it as a request.
+        self.close_connection = True
+        body = _TEMPLATES.get_template("error.html").render(status=int(status), phrase=status.phrase, message=message)
+        self._send_html(status, body)
+
+
+def session_code(sid: str) -> str:
+    """The completion code upstream's web app shows: SHA-1 of the session id, 10 hex digits, upper case."""
+    return hashlib.sha1(sid.encode("utf-8")).hexdigest()[:10].upper()
+
+
+def render_page(session: ShopSession, code: str = "") -> str:
+    """The HTML of ``session``'s current page (``code`` is shown on the score page)."""
+    context: dict[str, Any] = {"s": session, "instruction": session.goal.instruction_text, "page": session.page, "code": code}
+    if session.page == SEARCH:
+        return _TEMPLATES.get_template("search.html").render(**context)
+    if session.page == RESULTS:
+        items = [(asin, session.shop.catalog[asin]) for asin in session.page_hits()]
+        return _TEMPLATES.get_template("results.html").render(items=items, total=len(session.hits()), **context)
+    if session.page == ITEM:
+        return _TEMPLATES.get_template("item.html").render(product=session.product, **context)
+    if session.page in SUB_PAGES:
+        return _TEMPLATES.get_template("subpage.html").render(product=session.product, **context)
+    return _TEMPLATES.get_template("done.html").render(
+        details=session.reward_info or {}, goal=session.goal, purchased=session.purchased, **context
+    )
+
+
+def make_server(
+    shop: Shop, host: str = "127.0.0.1", port: int = 0, split_indices: range | None = None, upstream_quirks: bool = True
+) -> WebShopServer:
+    """Create (not start) a server for ``shop``; call ``serve_forever()`` on it, ``shutdown()`` to stop."""
+    return WebShopServer((host, port), shop, split_indices if split_indices is not None else range(len(shop.goals)), upstream_quirks)
+
