@@ -38,6 +38,9 @@ class ChatRenderer:
         self.fmt = fmt
         self.system_prompt = system_prompt
         self.show_legal_actions = show_legal_actions
+        self._headers: dict[tuple[int, int | None], str] = {}
+        self._legal: list[str] = []
+        self._legal_line = ""
 
     def system(self, instructions: str) -> str:
         """The system message: the optional preamble, the task's rules, the reply format."""
@@ -46,15 +49,20 @@ class ChatRenderer:
 
     def user(self, observation: str, turn: int, max_turns: int | None, valid_actions: Sequence[str] | None) -> str:
         """The user message of turn ``turn`` (from 0): where we are, what is left, what is legal."""
-        if max_turns is None:
-            header = f"Turn {turn + 1}."
-        else:
-            left = max_turns - turn
-            header = f"Turn {turn + 1} of {max_turns}; {left} action{'s' if left != 1 else ''} left."
-        text = f"{header}\n{observation}"
-        if self.show_legal_actions and valid_actions:
-            text += f"\nLegal actions: {', '.join(valid_actions)}"
-        return text
+        header = self._headers.get((turn, max_turns))
+        if header is None:
+            if max_turns is None:
+                header = f"Turn {turn + 1}.\n"
+            else:
+                left = max_turns - turn
+                header = f"Turn {turn + 1} of {max_turns}; {left} action{'s' if left != 1 else ''} left.\n"
+            self._headers[(turn, max_turns)] = header
+        if not (self.show_legal_actions and valid_actions):
+            return header + observation
+        if valid_actions != self._legal:  # most envs offer the same list turn after turn
+            self._legal = list(valid_actions)
+            self._legal_line = "\nLegal actions: " + ", ".join(valid_actions)
+        return header + observation + self._legal_line
 
 
 class ChatTokens:
@@ -63,6 +71,7 @@ class ChatTokens:
     Args:
         tokenizer: a tokenizer with a chat template (``apply_chat_template``, ``encode``,
             ``eos_token_id``, ``decode``).
+        cache_size: how many encoded texts to remember (the memory is emptied when full).
 
     Raises:
         ChatTemplateError: if the template renders a conversation differently once messages are
@@ -72,8 +81,10 @@ class ChatTokens:
     _MARK = "\x00envhub-reply\x00"
     _REFERENCE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, cache_size: int = 8192):
         self.tokenizer = tokenizer
+        self.cache_size = cache_size
+        self._encoded: dict[str, tuple[int, ...]] = {}
         self._reference = [*self._REFERENCE, {"role": "assistant", "content": self._MARK}]
         rendered = self._render(self._reference, generation_prompt=False)
         end = rendered.rfind(self._MARK)
@@ -89,8 +100,18 @@ class ChatTokens:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no special tokens added."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token ids of ``text`` with no special tokens added.
+
+        Remembered by text: the members of a group share their first prompt and often meet the
+        same observations, and tokenizing costs more than stepping a fast environment.
+        """
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            if len(self._encoded) >= self.cache_size:
+                self._encoded.clear()
+            self._encoded[text] = ids
+        return list(ids)
 
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Token ids of ``messages`` rendered with the generation prompt (a whole prompt)."""

@@ -191,17 +191,19 @@ class EnvWorker:
             outcome = apply_reply(env, reply, fmt)  # type: ignore[arg-type]  (duck-typed format)
             over = outcome.terminated or outcome.truncated
             info = outcome.info
+            parsed = outcome.parsed
+            # positional: this runs once per env per turn, and keyword construction costs more
             return EnvState(
-                observation=outcome.observation,
-                reward=outcome.reward,
-                terminated=outcome.terminated,
-                truncated=outcome.truncated,
-                info=info,
-                valid_actions=None if over else env.valid_actions(),
-                expert_action=env.expert_action() if expert and not over else None,
-                format_valid=outcome.parsed.format_valid,
-                action=outcome.parsed.action,
-                invalid_reason=info.get("invalid_reason") if not info.get("action_is_valid", False) else None,
+                outcome.observation,
+                outcome.reward,
+                outcome.terminated,
+                outcome.truncated,
+                info,
+                None if over else env.valid_actions(),
+                env.expert_action() if expert and not over else None,
+                parsed.format_valid,
+                parsed.action,
+                None if info["action_is_valid"] else info.get("invalid_reason"),
             )
         except Exception as exc:
             self._drop(slot)
@@ -242,7 +244,8 @@ class InProcessExecutor:
 class _PoolExecutor:
     """Slots spread over ``num_workers`` remote workers (slot ``s`` on worker ``s % num_workers``).
 
-    Subclasses say how to start a worker, send it a batch and wait for the answer.
+    One executor serves one manager (the slots are its environment indices). Subclasses say how
+    to start a worker, send it a batch and wait for the answer.
     """
 
     def __init__(self, num_workers: int):
@@ -269,9 +272,12 @@ class _PoolExecutor:
 
     # -- the shared logic
     def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
-        """Reset the requested slots on their workers, in parallel."""
-        for request in requests:
-            self.histories[request.slot] = (request, [])
+        """Start a new batch: reset the requested slots on their workers, in parallel.
+
+        Histories of the previous batch are dropped: a worker that dies from now on is rebuilt
+        from these resets.
+        """
+        self.histories = {request.slot: (request, []) for request in requests}
         shards = self._shards([r.slot for r in requests])
         return self._run("reset", shards, len(requests), lambda positions: [requests[p] for p in positions])
 

@@ -38,11 +38,10 @@ def group_seeds(base_seed: int, epoch: int, num_groups: int) -> list[int]:
 class _Slot:
     """One environment's live state in the manager."""
 
-    __slots__ = ("env_id", "trajectory", "observation", "valid_actions", "expert_action", "state_key",
+    __slots__ = ("trajectory", "observation", "valid_actions", "expert_action", "state_key",
                  "max_turns", "context", "next_input", "active")
 
-    def __init__(self, env_id: str, trajectory: Trajectory):
-        self.env_id = env_id
+    def __init__(self, trajectory: Trajectory):
         self.trajectory = trajectory
         self.observation = ""
         self.valid_actions: list[str] | None = None
@@ -120,8 +119,9 @@ class EnvGroupManager:
         if max_prompt_tokens is not None and tokenizer is None:
             raise ValueError("max_prompt_tokens counts tokens: give the manager a tokenizer too")
         self.specs = {i: spec(i) for i in partition}  # an unknown id fails here, with suggestions
-        self.group_ids: list[str] = [i for i, count in partition.items() for _ in range(count)]
-        self.num_groups = len(self.group_ids)
+        #: The env id of each group.
+        self.group_env_ids: list[str] = [i for i, count in partition.items() for _ in range(count)]
+        self.num_groups = len(self.group_env_ids)
         self.group_size = group_size
         self.seed = seed
         self.max_turns = max_turns
@@ -162,11 +162,11 @@ class EnvGroupManager:
             raise ValueError(f"need one seed per group: {self.num_groups} groups, {len(seeds)} seeds")
         self._slots = []
         requests = []
-        for group, env_id in enumerate(self.group_ids):
+        for group, env_id in enumerate(self.group_env_ids):
             for member in range(self.group_size):
                 index = group * self.group_size + member
                 trajectory = Trajectory(env_id, group, member, int(seeds[group]), index, self.layout)
-                self._slots.append(_Slot(env_id, trajectory))
+                self._slots.append(_Slot(trajectory))
                 requests.append(
                     ResetRequest(index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self.max_turns, self.expert_hints)
                 )
@@ -204,6 +204,10 @@ class EnvGroupManager:
 
     def step(self, replies: Sequence[Completion | str]) -> None:
         """Apply one reply per prompt of the last ``prompts()`` call, in that order.
+
+        A reply is a generator's :class:`Completion` (its token ids are kept as sampled) or plain
+        text; text, or a completion without token ids, is tokenised here when the manager has a
+        tokenizer.
 
         Raises:
             ValueError: if the number of replies differs from the number of prompts.
@@ -255,9 +259,10 @@ class EnvGroupManager:
         info = state.info
         valid = info["action_is_valid"]
         reward = state.reward
-        if isinstance(reply, str):
-            ids: Sequence[int] = ()
-            logprobs: Sequence[float] = ()
+        if isinstance(reply, str) or not reply.token_ids:
+            # Text with no sampled ids (a model-free policy): tokenised, so the context holds it.
+            ids: Sequence[int] = self.tokens.encode(text) if self.tokens is not None else ()
+            logprobs: Sequence[float] = [0.0] * len(ids) if ids else ()
             finish = "stop"
         else:
             ids, logprobs, finish = reply.token_ids, reply.logprobs, reply.finish_reason

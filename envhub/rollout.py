@@ -2,8 +2,9 @@
 
 A :class:`Trajectory` is one episode of one environment in a group; it holds a :class:`Turn` per
 reply. :meth:`Trajectory.sample` and :meth:`Trajectory.step_samples` turn it into the token
-samples a trainer consumes (the trajectory and step layouts), and :func:`batch_metrics` sums a
-batch up. :func:`rollout` drives a manager with a generator until every episode has ended.
+samples a trainer consumes (the trajectory and step layouts), :func:`batch_columns` lays them out
+as TRL's ``rollout_func`` returns them, :func:`step_arrays` gives the advantage estimators their
+per-step inputs, and :func:`batch_metrics` sums a batch up. :func:`rollout` drives a manager with a generator until every episode has ended.
 """
 
 from __future__ import annotations
@@ -234,6 +235,44 @@ def to_samples(trajectories: Sequence[Trajectory]) -> list[Sample]:
         else:
             samples.extend(trajectory.step_samples())
     return samples
+
+
+def step_arrays(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
+    """The batch as flat per-step arrays, the inputs of the GRPO/GiGPO estimators.
+
+    Returns:
+        ``rewards``, ``traj_index`` (0..n_traj-1, the position in ``trajectories``),
+        ``step_index`` (the turn), ``state_keys`` (the state each reply was made in), one entry
+        per turn of every episode; ``traj_groups`` and ``returns``, one entry per episode.
+    """
+    turns = [(i, turn) for i, t in enumerate(trajectories) for turn in t.turns]
+    return {
+        "rewards": np.array([turn.reward for _, turn in turns], dtype=float),
+        "traj_index": np.array([i for i, _ in turns], dtype=np.int64),
+        "step_index": np.array([turn.index for _, turn in turns], dtype=np.int64),
+        "state_keys": np.array([turn.state_key for _, turn in turns], dtype=object),
+        "traj_groups": np.array([t.group_id for t in trajectories], dtype=np.int64),
+        "returns": np.array([t.episode_return for t in trajectories], dtype=float),
+    }
+
+
+def batch_columns(samples: Sequence[Sample]) -> dict[str, list]:
+    """Samples as columns, the shape of TRL's ``rollout_func`` output.
+
+    ``prompt_ids``, ``completion_ids``, ``logprobs`` and ``env_mask`` are what
+    ``trl.GRPOTrainer`` reads; ``turn_ids``, ``group_ids``, ``trajectory_index`` and ``turn_index``
+    let a trainer spread per-turn advantages over tokens (``advantage[turn_ids]``).
+    """
+    return {
+        "prompt_ids": [s.prompt_ids for s in samples],
+        "completion_ids": [s.completion_ids for s in samples],
+        "logprobs": [s.logprobs for s in samples],
+        "env_mask": [s.env_mask for s in samples],
+        "turn_ids": [s.turn_ids for s in samples],
+        "group_ids": [s.group_id for s in samples],
+        "trajectory_index": [s.trajectory_index for s in samples],
+        "turn_index": [s.turn_index for s in samples],
+    }
 
 
 def batch_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -8,7 +8,7 @@ from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixtu
 from envhub.error import UnknownEnv
 from envhub.generation import Completion, ExpertGenerator, RandomGenerator, SamplingParams, request_seeds
 from envhub.manager import EnvGroupManager, group_seeds
-from envhub.rollout import Trajectory, Turn, batch_metrics, rollout, to_samples
+from envhub.rollout import Trajectory, Turn, batch_columns, batch_metrics, rollout, step_arrays, to_samples
 
 LAKE = "frozenlake/FrozenLake-v0"
 
@@ -53,7 +53,7 @@ def test_explicit_seeds_and_wrong_seed_count():
 
 def test_a_mix_of_ids_is_partitioned_by_group(flaky_env):
     manager = EnvGroupManager({LAKE: 2, flaky_env: 1}, group_size=3, env_kwargs={LAKE: {"is_slippery": False}})
-    assert manager.group_ids == [LAKE, LAKE, flaky_env]
+    assert manager.group_env_ids == [LAKE, LAKE, flaky_env]
     trajectories = rollout(manager, ExpertGenerator())
     assert [t.env_id for t in trajectories] == [LAKE] * 6 + [flaky_env] * 3
     assert all(t.success for t in trajectories[6:])
@@ -246,3 +246,34 @@ def test_sampling_params_reject_nonsense():
         SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError, match="one logprob per token"):
         Completion([1, 2], [0.0], "x")
+
+
+def test_step_arrays_and_columns_line_up_with_the_episodes(flaky_env):
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(flaky_env, 2, 2, tokenizer=tokenizer, format_penalty=-0.5)
+    manager.reset()
+    manager.prompts()
+    manager.step(["<answer>Ok</answer>", "<answer>Win</answer>", "oops", "<answer>Win</answer>"])
+    manager.prompts()
+    manager.step(["<answer>Win</answer>", "<answer>Win</answer>"])
+    trajectories = manager.trajectories()
+    arrays = step_arrays(trajectories)
+    assert arrays["rewards"].tolist() == [0.0, 1.0, 1.0, -0.5, 1.0, 1.0]
+    assert arrays["traj_index"].tolist() == [0, 0, 1, 2, 2, 3]
+    assert arrays["step_index"].tolist() == [0, 1, 0, 0, 1, 0]
+    assert arrays["traj_groups"].tolist() == [0, 0, 1, 1]
+    assert arrays["returns"].tolist() == [1.0, 1.0, 0.5, 1.0]
+    assert arrays["state_keys"][3] == arrays["state_keys"][4]  # the invalid reply left the state as it was
+    columns = batch_columns(to_samples(trajectories))
+    assert columns["group_ids"] == [0, 0, 1, 1]
+    assert [sum(m) for m in columns["env_mask"]] == [sum(len(u.completion_ids) for u in t.turns) for t in trajectories]
+    assert all(len(c) == len(m) == len(lp) == len(ti) for c, m, lp, ti in zip(columns["completion_ids"], columns["env_mask"], columns["logprobs"], columns["turn_ids"]))
+
+
+def test_text_replies_are_tokenised_into_the_context():
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_turns=2)
+    trajectory = rollout(manager, RandomGenerator(seed=0))[0]  # text only, no token ids
+    sample = trajectory.sample()
+    text = tokenizer.decode(sample.prompt_ids + sample.completion_ids)
+    assert text + "<|im_end|>\n" == tokenizer.apply_chat_template(trajectory.messages)  # no end token was sampled

@@ -178,18 +178,15 @@ def test_hf_generator_returns_sampled_ids_with_their_logprobs(hf, tokenizer):
     assert [c.token_ids for c in again] == [c.token_ids for c in completions]
 
 
-def test_hf_rollout_trains_exactly_the_sampled_tokens(hf, tokenizer):
-    manager = EnvGroupManager(LAKE, 1, 2, tokenizer=tokenizer, max_turns=3)
-    trajectories = rollout(manager, hf, SamplingParams(max_new_tokens=8, seed=1))
-    for trajectory in trajectories:
-        sample = trajectory.sample()
-        assert trajectory.num_turns == 3 and sum(sample.env_mask) == sum(len(t.completion_ids) for t in trajectory.turns)
-        start = len(sample.prompt_ids)
-        full = sample.prompt_ids + sample.completion_ids
-        for turn in trajectory.turns:
-            start += len(turn.input_ids) if turn.index else 0
-            assert full[start : start + len(turn.completion_ids)] == list(turn.completion_ids)
-            start += len(turn.completion_ids)
+def test_hf_generator_left_pads_prompts_of_different_lengths(hf, tokenizer):
+    short = tokenizer.apply_chat_template([{"role": "user", "content": "Up"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    long = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1 of 20; a much longer prompt " * 3}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompts = [Prompt(short, []), Prompt(long, [])]
+    for ids, completion in zip((short, long), hf.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.7, seed=1))):
+        assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, ids, completion.token_ids, temperature=0.7), abs=1e-4)
+    for ids, completion in zip((short, long), hf.generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.7, top_k=5, seed=1))):
+        unfiltered = forward_logprobs(hf.model, ids, completion.token_ids, temperature=0.7)
+        assert all(got > ref for got, ref in zip(completion.logprobs, unfiltered))  # renormalised over the top 5
 
 
 # ---------------------------------------------------------------------------------------- vLLM in-process
