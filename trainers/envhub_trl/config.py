@@ -4,7 +4,7 @@ Fields are grouped as follows.
 
 Environment:
     ``env_id``, ``env_kwargs``, ``max_turns``, ``format_penalty``, ``action_format``,
-    ``system_prompt``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``.
+    ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``.
 Batches:
     ``groups_per_step`` (env groups per generation batch), ``group_size`` (= ``num_generations``,
     members per group, all reset with one seed), ``sample_layout``.
@@ -49,6 +49,9 @@ class EnvGRPOConfig(GRPOConfig):
     format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
     action_format: str = field(default="answer", metadata={"help": "Reply format: `answer` (<answer>..</answer>) or `think-answer`."})
     system_prompt: str | None = field(default=None, metadata={"help": "Text put before the environment's instructions in the system message."})
+    instructions: str | None = field(
+        default=None, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}
+    )
     show_legal_actions: bool = field(default=True, metadata={"help": "List the legal actions in every user message."})
     max_prompt_tokens: int | None = field(
         default=2048, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
@@ -91,6 +94,19 @@ class EnvGRPOConfig(GRPOConfig):
     eval_seed_offset: int = field(
         default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
     )
+
+    def manager_kwargs(self) -> dict[str, Any]:
+        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments these settings imply."""
+        return {
+            "max_turns": self.max_turns,
+            "env_kwargs": self.env_kwargs,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "format_penalty": self.format_penalty,
+            "action_format": self.action_format,
+            "system_prompt": self.system_prompt,
+            "instructions": self.instructions,
+            "show_legal_actions": self.show_legal_actions,
+        }
 
     def __post_init__(self) -> None:
         if self.group_size is not None:

@@ -15,21 +15,21 @@ def evaluate_generator(
     tokenizer: Any,
     env_id: str,
     seeds: Sequence[int],
-    *,
-    env_kwargs: dict[str, Any] | None = None,
-    max_turns: int | None = None,
     max_turn_tokens: int = 64,
-    max_prompt_tokens: int | None = None,
-    action_format: str = "answer",
-    system_prompt: str | None = None,
-    show_legal_actions: bool = True,
+    **manager_kwargs: Any,
 ) -> dict[str, float]:
-    """Play one greedy episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`."""
-    manager = EnvGroupManager(
-        env_id, len(seeds), 1, max_turns=max_turns, env_kwargs=env_kwargs, tokenizer=tokenizer,
-        max_prompt_tokens=max_prompt_tokens, action_format=action_format, system_prompt=system_prompt,
-        show_legal_actions=show_legal_actions,
-    )
+    """Play one greedy episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`.
+
+    Args:
+        generator: samples the replies (greedily).
+        tokenizer: the model's tokenizer.
+        env_id: the environment.
+        seeds: one episode per seed.
+        max_turn_tokens: the longest reply.
+        **manager_kwargs: rendering and episode settings for :class:`~envhub.manager.EnvGroupManager`
+            (``EnvGRPOConfig.manager_kwargs()`` gives a training run's).
+    """
+    manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     with manager:
         trajectories = rollout(manager, generator, SamplingParams(max_new_tokens=max_turn_tokens, temperature=0.0), seeds=list(seeds))
     return batch_metrics(trajectories)

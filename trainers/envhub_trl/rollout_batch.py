@@ -8,14 +8,13 @@ the estimators of :mod:`envhub_trl.advantages` and spread over each turn's token
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from envhub.error import EnvhubError
-from envhub.rollout import Sample, Trajectory
+from envhub.rollout import Sample, Trajectory, batch_columns
 from envhub_trl.advantages import Norm, gigpo_advantages, grpo_advantages, select_groups
 
 
@@ -27,9 +26,9 @@ def trl_rollout_output(trajectories: Sequence[Trajectory]) -> tuple[dict[str, li
     """The dict a TRL ``rollout_func`` returns for ``trajectories``, and their samples.
 
     Returns:
-        ``({"prompt_ids", "completion_ids", "logprobs", "env_mask", "episode_return"}, samples)``,
-        one entry per trajectory, in order. ``env_mask`` becomes TRL's ``tool_mask``;
-        ``episode_return`` reaches the reward function :func:`episode_return`.
+        ``(columns, samples)``: :func:`envhub.rollout.batch_columns` of the samples plus
+        ``episode_return``, one entry per trajectory, in order. ``env_mask`` becomes TRL's
+        ``tool_mask``; the other extra columns reach the reward function :func:`episode_return`.
 
     Raises:
         RolloutError: for an episode without a single turn.
@@ -43,13 +42,8 @@ def trl_rollout_output(trajectories: Sequence[Trajectory]) -> tuple[dict[str, li
                 "raise max_prompt_tokens if the first prompt is over budget"
             )
         samples.append(trajectory.sample())
-    output = {
-        "prompt_ids": [s.prompt_ids for s in samples],
-        "completion_ids": [s.completion_ids for s in samples],
-        "logprobs": [s.logprobs for s in samples],
-        "env_mask": [s.env_mask for s in samples],
-        "episode_return": [t.episode_return for t in trajectories],
-    }
+    output = batch_columns(samples)
+    output["episode_return"] = [t.episode_return for t in trajectories]
     return output, samples
 
 
@@ -58,47 +52,8 @@ def episode_return(prompts: list[Any], completions: list[Any], episode_return: l
     return [float(value) for value in episode_return]
 
 
-@dataclasses.dataclass
-class StepBatch:
-    """A batch of episodes flattened to one entry per turn (the estimators' inputs).
-
-    Attributes:
-        rewards: each turn's reward.
-        traj_index: the trajectory (row of the batch) of each turn.
-        step_index: the turn's number within its trajectory.
-        state_keys: the state each turn's reply was made in.
-        traj_groups: the env group of each trajectory.
-    """
-
-    rewards: np.ndarray
-    traj_index: np.ndarray
-    step_index: np.ndarray
-    state_keys: np.ndarray
-    traj_groups: np.ndarray
-
-    @classmethod
-    def from_trajectories(cls, trajectories: Sequence[Trajectory], groups: Sequence[int]) -> StepBatch:
-        """Flatten ``trajectories``; ``groups`` gives each one's env group."""
-        lengths = np.array([t.num_turns for t in trajectories], dtype=np.int64)
-        traj_index = np.repeat(np.arange(len(trajectories)), lengths)
-        starts = np.cumsum(lengths) - lengths
-        step_index = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-        return cls(
-            np.array([turn.reward for t in trajectories for turn in t.turns], dtype=np.float64),
-            traj_index,
-            step_index,
-            np.array([turn.state_key for t in trajectories for turn in t.turns], dtype=object),
-            np.asarray(groups),
-        )
-
-    @property
-    def returns(self) -> np.ndarray:
-        """Each trajectory's undiscounted return."""
-        return np.bincount(self.traj_index, weights=self.rewards, minlength=len(self.traj_groups))
-
-
 def turn_advantages(
-    batch: StepBatch,
+    steps: dict[str, np.ndarray],
     estimator: str,
     *,
     step_weight: float = 1.0,
@@ -109,22 +64,27 @@ def turn_advantages(
 ) -> dict[str, np.ndarray]:
     """Each turn's advantage under ``estimator`` (``"grpo"`` or ``"gigpo"``), and which rows to keep.
 
+    Args:
+        steps: the batch as :func:`envhub.rollout.step_arrays` flattens it (``traj_groups`` are
+            the env groups the advantages are normalised within).
+
     Returns:
         ``advantages`` (per turn; 0 for the turns of dropped groups), ``keep`` (per trajectory) and,
         for GiGPO, ``anchor_size`` (per turn).
     """
-    keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+    groups, traj_index = steps["traj_groups"], steps["traj_index"]
+    keep = select_groups(steps["returns"], groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
     if estimator == "grpo":
-        out = {"advantages": grpo_advantages(batch.returns, batch.traj_groups, norm)[batch.traj_index]}
+        out = {"advantages": grpo_advantages(steps["returns"], groups, norm)[traj_index]}
     elif estimator == "gigpo":
         gigpo = gigpo_advantages(
-            batch.rewards, batch.traj_index, batch.step_index, batch.traj_groups, batch.state_keys,
+            steps["rewards"], traj_index, steps["step_index"], groups, steps["state_keys"],
             step_weight=step_weight, gamma=gamma, norm=norm,
         )
         out = {"advantages": gigpo["advantages"], "anchor_size": gigpo["anchor_size"]}
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}; choose grpo or gigpo")
-    out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
+    out["advantages"] = np.where(keep[traj_index], out["advantages"], 0.0)
     out["keep"] = keep
     return out
 

@@ -31,12 +31,12 @@ from trl import GRPOTrainer
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import Sample, Trajectory, rollout
+from envhub.rollout import Sample, Trajectory, rollout, step_arrays
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator
 from envhub_trl.metrics import rollout_metrics
-from envhub_trl.rollout_batch import StepBatch, episode_return, token_advantages, trl_rollout_output, turn_advantages
+from envhub_trl.rollout_batch import episode_return, token_advantages, trl_rollout_output, turn_advantages
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
@@ -128,12 +128,8 @@ class EnvGRPOTrainer(GRPOTrainer):
         # One manager "group" per row: rows of one env group share a seed, so they start alike;
         # the trainer's own group ids come from the row's place in the global batch.
         if self._manager is None or self._manager.num_groups != num_rows:
-            args = self.args
             self._manager = EnvGroupManager(
-                args.env_id, num_rows, 1, seed=args.seed, max_turns=args.max_turns, env_kwargs=args.env_kwargs,
-                tokenizer=self.processing_class, max_prompt_tokens=args.max_prompt_tokens,
-                format_penalty=args.format_penalty, action_format=args.action_format,
-                system_prompt=args.system_prompt, show_legal_actions=args.show_legal_actions,
+                self.args.env_id, num_rows, 1, seed=self.args.seed, tokenizer=self.processing_class, **self.args.manager_kwargs()
             )
         return self._manager
 
@@ -170,9 +166,8 @@ class EnvGRPOTrainer(GRPOTrainer):
             dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(trajectories)
         ]
         everyone: list[Trajectory] = gather_object(local)
-        batch = StepBatch.from_trajectories(everyone, [t.group_id for t in everyone])
         result = turn_advantages(
-            batch,
+            step_arrays(everyone),
             self.args.advantage_estimator,
             step_weight=self.args.step_advantage_weight,
             gamma=self.args.step_gamma,
@@ -202,8 +197,4 @@ class EnvGRPOTrainer(GRPOTrainer):
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-        return evaluate_generator(
-            self.generator, self.processing_class, args.env_id, seeds, env_kwargs=args.env_kwargs, max_turns=args.max_turns,
-            max_turn_tokens=args.max_turn_tokens, max_prompt_tokens=args.max_prompt_tokens,
-            action_format=args.action_format, system_prompt=args.system_prompt, show_legal_actions=args.show_legal_actions,
-        )
+        return evaluate_generator(self.generator, self.processing_class, args.env_id, seeds, args.max_turn_tokens, **args.manager_kwargs())

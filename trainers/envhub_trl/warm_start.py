@@ -63,5 +63,5 @@ def supervised_steps(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     return losses
