@@ -278,8 +278,8 @@ def vllm_available():
 def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, vllm_available):
     """After an optimizer step the in-process engine samples with the new weights, not the initial ones.
 
-    Weight decay makes the step move the weights even when every reply of the random tiny model is
-    invalid (all advantages 0).
+    Weight decay (halving the decayed weights) makes the step move the weights even when every reply
+    of the random tiny model is invalid (all advantages 0).
     """
     from transformers import AutoModelForCausalLM
 
@@ -290,7 +290,7 @@ def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, v
     model = AutoModelForCausalLM.from_pretrained(path)
     initial = AutoModelForCausalLM.from_pretrained(path)
     config = _config(
-        tmp_path, generator="vllm", max_steps=1, max_turns=2, learning_rate=0.05, weight_decay=1.0,
+        tmp_path, generator="vllm", max_steps=1, max_turns=2, learning_rate=0.5, weight_decay=1.0,
         generator_kwargs={"gpu_memory_utilization": 0.1, "max_model_len": 2048, "dtype": "float32", "enforce_eager": True},
     )
     trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer)
@@ -308,8 +308,9 @@ def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, v
         return logits.log_softmax(-1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1).numpy()
 
     trained, old = logprobs(trainer.model.eval()), logprobs(initial.eval())
-    np.testing.assert_allclose(completion.logprobs, trained, atol=2e-3)
-    assert np.abs(np.array(completion.logprobs) - old).max() > 1e-2
+    sampled = np.array(completion.logprobs)
+    np.testing.assert_allclose(sampled, trained, atol=1e-2)
+    assert np.abs(sampled - old).max() > 10 * np.abs(sampled - trained).max()
 
 
 # ---------------------------------------------------------------------------------------- CLI

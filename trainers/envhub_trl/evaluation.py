@@ -1,4 +1,4 @@
-"""Success of a model on held-out seeds: greedy episodes, one per seed."""
+"""Success of a model on held-out seeds: one episode per seed, greedy or sampled."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ def evaluate_generator(
     env_id: str,
     seeds: Sequence[int],
     max_turn_tokens: int = 64,
+    temperature: float = 0.0,
+    sampling_seed: int = 0,
     **manager_kwargs: Any,
 ) -> dict[str, float]:
-    """Play one greedy episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`.
+    """Play one episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`.
 
     Args:
         generator: samples the replies (greedily).
@@ -26,12 +28,14 @@ def evaluate_generator(
         env_id: the environment.
         seeds: one episode per seed.
         max_turn_tokens: the longest reply.
+        temperature: 0 plays greedily; above 0 samples (seeded by ``sampling_seed``, so reruns repeat).
+        sampling_seed: the sampler's seed when ``temperature > 0``.
         **manager_kwargs: rendering and episode settings for :class:`~envhub.manager.EnvGroupManager`
             (``EnvGRPOConfig.manager_kwargs()`` gives a training run's).
     """
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     with manager:
-        trajectories = rollout(manager, generator, SamplingParams(max_new_tokens=max_turn_tokens, temperature=0.0), seeds=list(seeds))
+        trajectories = rollout(manager, generator, SamplingParams(max_new_tokens=max_turn_tokens, temperature=temperature, seed=sampling_seed), seeds=list(seeds))
     return batch_metrics(trajectories)
 
 

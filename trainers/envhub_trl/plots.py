@@ -8,14 +8,18 @@ from typing import Any
 
 
 def plot_learning_curve(
-    log_history: Sequence[Mapping[str, Any]], path: str | Path, held_out: Mapping[int, float] | None = None, title: str = ""
+    log_history: Sequence[Mapping[str, Any]],
+    path: str | Path,
+    held_out: Mapping[str, Mapping[int, float]] | None = None,
+    title: str = "",
 ) -> Path:
     """Draw the training batches' success rate and mean return per step, and held-out success.
 
     Args:
         log_history: ``trainer.state.log_history`` (entries with ``step`` and ``env/...`` keys).
         path: where to write the PNG.
-        held_out: held-out success rate by optimizer step (e.g. before and after RL).
+        held_out: held-out success rates to mark, by label, each by optimizer step (e.g. before
+            and after RL).
         title: the figure's title.
 
     Returns:
@@ -30,8 +34,8 @@ def plot_learning_curve(
     steps = [entry["step"] for entry in rows]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(steps, [entry["env/success_rate"] for entry in rows], label="training batches (sampled)", color="tab:blue")
-    if held_out:
-        left.plot(list(held_out), list(held_out.values()), "o--", label="held-out seeds (greedy)", color="tab:red")
+    for label, points in (held_out or {}).items():
+        left.plot(list(points), list(points.values()), "o--", label=label)
     left.set_xlabel("optimizer step")
     left.set_ylabel("success rate")
     left.set_ylim(-0.02, 1.02)

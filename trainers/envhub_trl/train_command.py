@@ -53,13 +53,20 @@ def _load_model(name: str, env_id: str, seed: int) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
 
 
-def _row(stage: str, metrics: dict[str, float]) -> list[str]:
+def _evaluate(trainer: Any) -> dict[str, dict[str, float]]:
+    """Held-out metrics of the greedy policy and of the policy sampled at the training temperature."""
+    return {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(temperature=trainer.args.temperature)}
+
+
+def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
+    greedy, sampled = metrics["greedy"], metrics["sampled"]
     return [
         stage,
-        f"{metrics['success_rate']:.1%}",
-        f"{metrics['mean_return']:.3f}",
-        f"{metrics['invalid_action_rate']:.1%}",
-        f"{metrics['mean_turns']:.2f}",
+        f"{greedy['success_rate']:.1%}",
+        f"{sampled['success_rate']:.1%}",
+        f"{greedy['invalid_action_rate']:.1%}",
+        f"{sampled['invalid_action_rate']:.1%}",
+        f"{greedy['mean_turns']:.2f}",
     ]
 
 
@@ -96,30 +103,36 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     try:
         model, tokenizer = _load_model(model_name, args.env_id, args.seed)
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
-        evaluations: dict[str, dict[str, float]] = {STAGES[0]: trainer.evaluate_env()}
+        evaluations = {STAGES[0]: _evaluate(trainer)}
         if warm_start_steps:
             samples = expert_samples(tokenizer, args.env_id, range(warm_start_episodes), **args.manager_kwargs())
             click.echo(f"warm start: {warm_start_steps} supervised steps on {len(samples)} expert episodes", err=True)
             supervised_steps(
                 model, samples, warm_start_steps, learning_rate=warm_start_lr, pad_id=tokenizer.pad_token_id, seed=args.seed
             )
-            evaluations[STAGES[1]] = trainer.evaluate_env()
+            evaluations[STAGES[1]] = _evaluate(trainer)
         before_rl = trainer.state.global_step
         trainer.train()
-        evaluations[STAGES[2]] = trainer.evaluate_env()
+        evaluations[STAGES[2]] = _evaluate(trainer)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(output_dir)
     trainer.save_model(str(out / "final"))
     tokenizer.save_pretrained(out / "final")
     start_key = STAGES[1] if warm_start_steps else STAGES[0]
+    end = trainer.state.global_step
     curve = plot_learning_curve(
         trainer.state.log_history,
         out / "learning_curve.png",
-        {before_rl: evaluations[start_key]["success_rate"], trainer.state.global_step: evaluations[STAGES[2]]["success_rate"]},
+        {
+            "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
+            f"held-out, sampled (T={args.temperature:g})": {
+                before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
+            },
+        },
         title=f"{args.env_id}, {args.advantage_estimator}",
     )
-    gain = evaluations[STAGES[2]]["success_rate"] - evaluations[start_key]["success_rate"]
+    gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
     seconds = time.perf_counter() - started
     results = {
         "env_id": args.env_id,
@@ -134,7 +147,11 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         "config": {k: v for k, v in values.items() if k != "output_dir"},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    click.echo(f"\n{args.env_id}: greedy success on {args.eval_episodes} held-out seeds\n")
-    click.echo(table([_row(stage, m) for stage, m in evaluations.items()], ["stage", "success", "return", "invalid", "turns"]))
-    click.echo(f"\nRL phase ({trainer.state.global_step} steps, {args.advantage_estimator}): {gain * 100:+.1f} points of success")
+    click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled at T={args.temperature:g}\n")
+    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
+    click.echo(table([_row(stage, m) for stage, m in evaluations.items()], headers))
+    click.echo(
+        f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
+        f"{gain['sampled'] * 100:+.1f} points of sampled success"
+    )
     click.echo(f"learning curve: {curve}\nmodel: {out / 'final'}\ntotal time: {seconds / 60:.1f} min")

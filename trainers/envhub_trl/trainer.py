@@ -181,7 +181,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         width = output["completion_ids"].shape[1]
         output["advantages"] = torch.tensor(token_advantages(samples, per_turn, width), dtype=torch.float32, device=device)
         keep = torch.tensor(result["keep"][offset : offset + len(local)], device=device)
-        if not bool(keep.all()):
+        if not result["keep"].all():  # decided on the global batch, so every process joins the gather below
             output["tool_mask"] = output["tool_mask"] * keep.unsqueeze(1).to(output["tool_mask"].dtype)
             loss_mask = output["completion_mask"] * output["tool_mask"]
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
@@ -191,10 +191,14 @@ class EnvGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_env(self, seeds: list[int] | None = None) -> dict[str, float]:
-        """Greedy success of the current model on held-out seeds (``args.eval_episodes`` from
-        ``args.eval_seed_offset`` by default); returns :func:`envhub.rollout.batch_metrics`."""
+    def evaluate_env(self, seeds: list[int] | None = None, temperature: float = 0.0) -> dict[str, float]:
+        """Success of the current model on held-out seeds (``args.eval_episodes`` from
+        ``args.eval_seed_offset`` by default), greedy or sampled at ``temperature`` (with
+        ``args.seed``); returns :func:`envhub.rollout.batch_metrics`."""
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-        return evaluate_generator(self.generator, self.processing_class, args.env_id, seeds, args.max_turn_tokens, **args.manager_kwargs())
+        return evaluate_generator(
+            self.generator, self.processing_class, args.env_id, seeds, args.max_turn_tokens, temperature, args.seed,
+            **args.manager_kwargs(),
+        )
