@@ -15,9 +15,7 @@ def evaluate_generator(
     tokenizer: Any,
     env_id: str,
     seeds: Sequence[int],
-    max_turn_tokens: int = 64,
-    temperature: float = 0.0,
-    sampling_seed: int = 0,
+    sampling: SamplingParams | None = None,
     **manager_kwargs: Any,
 ) -> dict[str, float]:
     """Play one episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`.
@@ -27,15 +25,13 @@ def evaluate_generator(
         tokenizer: the model's tokenizer.
         env_id: the environment.
         seeds: one episode per seed.
-        max_turn_tokens: the longest reply.
-        temperature: 0 plays greedily; above 0 samples (seeded by ``sampling_seed``, so reruns repeat).
-        sampling_seed: the sampler's seed when ``temperature > 0``.
+        sampling: how replies are sampled; None plays greedily with replies of up to 64 tokens.
         **manager_kwargs: rendering and episode settings for :class:`~envhub.manager.EnvGroupManager`
             (``EnvGRPOConfig.manager_kwargs()`` gives a training run's).
     """
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     with manager:
-        trajectories = rollout(manager, generator, SamplingParams(max_new_tokens=max_turn_tokens, temperature=temperature, seed=sampling_seed), seeds=list(seeds))
+        trajectories = rollout(manager, generator, sampling or SamplingParams(temperature=0.0), seeds=list(seeds))
     return batch_metrics(trajectories)
 
 

@@ -54,8 +54,8 @@ def _load_model(name: str, env_id: str, seed: int) -> tuple[Any, Any]:
 
 
 def _evaluate(trainer: Any) -> dict[str, dict[str, float]]:
-    """Held-out metrics of the greedy policy and of the policy sampled at the training temperature."""
-    return {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(temperature=trainer.args.temperature)}
+    """Held-out metrics of the greedy policy and of the policy sampled as in training."""
+    return {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
 
 
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
@@ -121,12 +121,13 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     tokenizer.save_pretrained(out / "final")
     start_key = STAGES[1] if warm_start_steps else STAGES[0]
     end = trainer.state.global_step
+    how = f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
     curve = plot_learning_curve(
         trainer.state.log_history,
         out / "learning_curve.png",
         {
             "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
-            f"held-out, sampled (T={args.temperature:g})": {
+            f"held-out, sampled ({how})": {
                 before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
             },
         },
@@ -147,7 +148,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         "config": {k: v for k, v in values.items() if k != "output_dir"},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled at T={args.temperature:g}\n")
+    click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled ({how})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
     click.echo(table([_row(stage, m) for stage, m in evaluations.items()], headers))
     click.echo(

@@ -191,14 +191,18 @@ class EnvGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_env(self, seeds: list[int] | None = None, temperature: float = 0.0) -> dict[str, float]:
+    def evaluate_env(self, seeds: list[int] | None = None, greedy: bool = True) -> dict[str, float]:
         """Success of the current model on held-out seeds (``args.eval_episodes`` from
-        ``args.eval_seed_offset`` by default), greedy or sampled at ``temperature`` (with
-        ``args.seed``); returns :func:`envhub.rollout.batch_metrics`."""
+        ``args.eval_seed_offset`` by default), greedy or sampled as in training (seeded with
+        ``args.seed``, so reruns repeat); returns :func:`envhub.rollout.batch_metrics`."""
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-        return evaluate_generator(
-            self.generator, self.processing_class, args.env_id, seeds, args.max_turn_tokens, temperature, args.seed,
-            **args.manager_kwargs(),
+        sampling = SamplingParams(
+            max_new_tokens=args.max_turn_tokens,
+            temperature=0.0 if greedy else args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k or 0,
+            seed=args.seed,
         )
+        return evaluate_generator(self.generator, self.processing_class, args.env_id, seeds, sampling, **args.manager_kwargs())
