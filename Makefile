@@ -33,6 +33,7 @@ demo: setup
 
 bench: setup
 	$(PY) bench/env_step.py
+	HF_HUB_OFFLINE=1 $(PY) bench/manager.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info */*.egg-info

@@ -6,14 +6,14 @@
    with the same actions. Goal: ratio <= 1.5. Tokenisation (the tiny byte-level BPE tokenizer and
    its chat template, token-exact continuation) is timed separately, as a second manager.
 2. Generators: tokens/s of ``HFGenerator`` and in-process ``VLLMGenerator`` on the tiny model,
-   same prompts (first turns of FrozenLake), same sampling. HF runs first: vLLM's CPU engine
-   lowers torch's thread count for the rest of the process.
+   same prompts (first turns of FrozenLake), same sampling, one torch thread each, runs
+   interleaved, medians.
 3. Executors: env steps/s through the manager with the in-process executor and with the Ray
    actor pool at 1 and 2 workers (a local Ray with 2 CPUs), same batch.
 
 Writes bench/results/manager.json.
 
-    python bench/manager.py [--repeats 15] [--skip-generators] [--skip-ray]
+    python bench/manager.py [--repeats 15] [--generator-repeats 5] [--skip-generators] [--skip-ray]
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def turn_overhead(env_id: str, repeats: int, tokenizer) -> dict:
     return figures
 
 
-def generator_throughput(tiny_path: Path, tokenizer, prompts_n: int, max_new_tokens: int) -> dict:
-    """Generated tokens per second of the HF and the in-process vLLM generators, same prompts."""
+def generator_throughput(tiny_path: Path, tokenizer, prompts_n: int, max_new_tokens: int, repeats: int) -> dict:
+    """Generated tokens per second (median of ``repeats``) of the HF and in-process vLLM generators, same prompts."""
     from envhub_trl.generators import HFGenerator, VLLMGenerator
 
     manager = EnvGroupManager("frozenlake/FrozenLake-v0", prompts_n // 8, 8, seed=0, tokenizer=tokenizer)
@@ -86,14 +86,25 @@ def generator_throughput(tiny_path: Path, tokenizer, prompts_n: int, max_new_tok
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=0)
 
     def rate(generator) -> float:
-        generator.generate(prompts[:8], sampling)  # warm-up
         start = time.perf_counter()
         completions = generator.generate(prompts, sampling)
         return sum(len(c.token_ids) for c in completions) / (time.perf_counter() - start)
 
-    hf = rate(HFGenerator.from_pretrained(tiny_path, batch_size=len(prompts), dtype="float32", device="cpu"))
+    import torch
+
+    # One thread for both, as vLLM's CPU worker runs: multi-threaded OpenMP on a busy machine
+    # slows small matrix products by orders of magnitude and would decide the figure alone.
+    torch.set_num_threads(1)
+    hf_generator = HFGenerator.from_pretrained(tiny_path, batch_size=len(prompts), dtype="float32", device="cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    vllm = rate(VLLMGenerator(tiny_path, gpu_memory_utilization=0.1, max_model_len=2048, dtype="float32"))
+    vllm_generator = VLLMGenerator(tiny_path, gpu_memory_utilization=0.1, max_model_len=2048, dtype="float32")
+    rates: dict[str, list[float]] = {"hf": [], "vllm": []}
+    for generator in (hf_generator, vllm_generator):
+        generator.generate(prompts[:8], sampling)  # warm-up
+    for _ in range(repeats):  # interleaved, so drift in machine load hits both alike
+        rates["hf"].append(rate(hf_generator))
+        rates["vllm"].append(rate(vllm_generator))
+    hf, vllm = statistics.median(rates["hf"]), statistics.median(rates["vllm"])
     return {
         "prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
@@ -145,6 +156,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--generator-repeats", type=int, default=5)
     parser.add_argument("--ray-turns", type=int, default=5)
     parser.add_argument("--skip-generators", action="store_true")
     parser.add_argument("--skip-ray", action="store_true")
@@ -154,9 +166,8 @@ def main() -> None:
 
     tokenizer, tiny_path = None, None
     try:
-        from transformers import AutoTokenizer
-
         from envhub_trl.tiny import build_tiny
+        from transformers import AutoTokenizer
 
         tiny_path = build_tiny(Path(tempfile.mkdtemp(prefix="envhub-bench-")) / "tiny")
         tokenizer = AutoTokenizer.from_pretrained(tiny_path)
@@ -175,7 +186,7 @@ def main() -> None:
             line += f"; tokenisation +{figures['tokenisation_ms_per_turn']:.1f} ms"
         print(line)
     if tiny_path is not None and not args.skip_generators:
-        results["generators"] = gen = generator_throughput(tiny_path, tokenizer, args.prompts, args.max_new_tokens)
+        results["generators"] = gen = generator_throughput(tiny_path, tokenizer, args.prompts, args.max_new_tokens, args.generator_repeats)
         print(f"generators on the tiny model, {gen['prompts']} prompts x {gen['max_new_tokens']} tokens: HF {gen['hf_tokens_per_s']:.0f} tok/s, vLLM {gen['vllm_tokens_per_s']:.0f} tok/s, vLLM/HF {gen['vllm_over_hf']:.2f}")
     if not args.skip_ray:
         results["executors"] = ex = executor_throughput("frozenlake/FrozenLake-v0", [1, 2], args.ray_turns)

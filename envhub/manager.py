@@ -296,7 +296,12 @@ class EnvGroupManager:
         if state.terminated or state.truncated:
             self._end(slot, "terminated" if state.terminated else "truncated")
             return
-        self._observe(slot, state)
+        # _observe, inlined: this runs once per env per turn
+        slot.observation = state.observation
+        slot.valid_actions = state.valid_actions
+        slot.expert_action = state.expert_action
+        slot.state_key = info["state_key"]
+        trajectory.pending_user = self.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
         if self.tokens is None:
             return
         if self.layout == "trajectory":

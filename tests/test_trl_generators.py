@@ -202,6 +202,8 @@ def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
         assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, prompt.token_ids, completion.token_ids), abs=2e-3)
     again = engine.generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.0, seed=3))
     assert [c.token_ids for c in again] == [c.token_ids for c in completions]
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        engine.generate([Prompt([5] * 2048, [])], SamplingParams(max_new_tokens=4))
     manager.step(completions)
     assert all(t.num_turns == 1 for t in manager.trajectories())
 
@@ -300,17 +302,15 @@ def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):
 
 def test_run_policy_model_path_plays_through_the_hook(tiny_path):
     import envhub
+    from envhub.cli import play_episode
 
     policy = get_policy(str(tiny_path), LAKE, seed=0)
-    env = envhub.make(LAKE, max_turns=3)
-    observation, _ = env.reset(seed=0)
-    done = False
-    while not done:
-        action = policy.act(env, observation)
-        observation, _, terminated, truncated, info = env.step(action)
-        done = terminated or truncated
-        assert isinstance(info["action_is_valid"], bool)
-    assert [m["role"] for m in policy.messages][:3] == ["system", "user", "assistant"]
+    record = play_episode(envhub.make(LAKE, max_turns=3), policy, seed=0, echo=False)
+    assert record["env_id"] == LAKE and 1 <= record["turns"] <= 3 and len(record["transcript"]) == record["turns"] + 1
+    assert [m["role"] for m in policy.messages] == ["system"] + ["user", "assistant"] * record["turns"]
+    replies = [m["content"] for m in policy.messages if m["role"] == "assistant"]
+    for step, reply in zip(record["transcript"][1:], replies):  # the named action, or the reply the env rejects
+        assert step["action"] in {"Left", "Down", "Right", "Up"} or (step["action"] == reply and not step["info"]["action_is_valid"])
     with pytest.raises(PolicyError):
         get_policy(str(tiny_path / "missing"), LAKE)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,11 +16,13 @@ from envhub.manager import EnvGroupManager
 from envhub.rollout import batch_metrics, rollout
 
 
-def _progress(label: str, total: int, quiet: bool):
-    return click.progressbar(length=total, label=label, file=sys.stderr if quiet else None)
+def _progress(label: str, total: int, to_stderr: bool) -> Any:
+    """A progress bar over ``total`` episodes; on stderr when stdout carries JSON."""
+    return click.progressbar(length=total, label=label, file=sys.stderr if to_stderr else None)
 
 
-def _finished_counter(bar, manager: EnvGroupManager):
+def _finished_counter(bar: Any, manager: EnvGroupManager) -> Callable[[EnvGroupManager], None]:
+    """An ``on_turn`` callback that advances ``bar`` by the episodes finished since the last turn."""
     done = [0]
 
     def update(m: EnvGroupManager) -> None:
@@ -40,7 +44,18 @@ def _finished_counter(bar, manager: EnvGroupManager):
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Longest reply.")
 @click.option("--max-prompt-tokens", default=3072, show_default=True, type=click.IntRange(min=1), help="Context budget; longer episodes end truncated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def eval_command(env_id, model_path, episodes, kind, seed, max_turns, temperature, max_new_tokens, max_prompt_tokens, as_json):
+def eval_command(
+    env_id: str,
+    model_path: str,
+    episodes: int,
+    kind: str,
+    seed: int,
+    max_turns: int | None,
+    temperature: float,
+    max_new_tokens: int,
+    max_prompt_tokens: int,
+    as_json: bool,
+) -> None:
     """Play EPISODES episodes of ENV_ID with a model and report its success rate."""
     from envhub_trl.generators import make_generator
 
@@ -78,7 +93,7 @@ def eval_command(env_id, model_path, episodes, kind, seed, max_turns, temperatur
 @click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the env's).")
 @click.option("--successful-only", is_flag=True, help="Keep only the episodes the expert won.")
-def export_sft_command(env_id, episodes, out_dir, seed, max_turns, successful_only):
+def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_turns: int | None, successful_only: bool) -> None:
     """Write ENV_ID's expert episodes as chat messages, a dataset for TRL's SFTTrainer."""
     from datasets import Dataset
 

@@ -116,14 +116,23 @@ def build_model(
     return model
 
 
-def build_tiny(path: str | Path, seed: int = 0, corpus: Iterable[str] | None = None) -> Path:
+def build_tiny(
+    path: str | Path, seed: int = 0, corpus: Iterable[str] | None = None, env_ids: Iterable[str] | None = None
+) -> Path:
     """Build the tiny tokenizer and model and save them to ``path``; return the path.
 
     The folder loads with ``AutoTokenizer``/``AutoModelForCausalLM.from_pretrained`` and with
     ``vllm.LLM(model=path)``.
+
+    Args:
+        path: the folder to write.
+        seed: seeds the model's initial weights.
+        corpus: the tokenizer's training text; by default :func:`environment_corpus` of ``env_ids``.
+        env_ids: the environments whose text trains the tokenizer; None for every registered one
+            (so the vocabulary depends on the installed plugins; pass ids for a fixed one).
     """
     path = Path(path)
-    tokenizer = build_tokenizer(corpus)
+    tokenizer = build_tokenizer(corpus if corpus is not None else environment_corpus(env_ids))
     model = build_model(tokenizer, seed=seed)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)

@@ -51,6 +51,7 @@ class VLLMGenerator:
             **llm_kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """Return one completion per prompt, in order (each prompt gets its own sampler seed)."""
@@ -59,6 +60,11 @@ class VLLMGenerator:
         for prompt in prompts:
             if not prompt.token_ids:
                 raise ValueError("VLLMGenerator needs token-id prompts: give the manager a tokenizer")
+            if len(prompt.token_ids) >= self.max_model_len:
+                raise ValueError(
+                    f"a prompt of {len(prompt.token_ids)} tokens does not fit max_model_len={self.max_model_len}; "
+                    "set the manager's max_prompt_tokens below max_model_len - max_new_tokens"
+                )
         params = [
             self._vllm.SamplingParams(
                 max_tokens=sampling.max_new_tokens,
