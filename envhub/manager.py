@@ -74,6 +74,8 @@ class EnvGroupManager:
         format_penalty: added to the reward of every invalid reply (format or illegal action).
         action_format: the reply format, by name (``"answer"``, ``"think-answer"``) or a ``TagFormat``.
         system_prompt: text put before each environment's instructions.
+        instructions: text that replaces every environment's own instructions in the system
+            message (a short prompt for a small model); None keeps the environments'.
         show_legal_actions: list the legal actions in each user message.
         executor: where the environments live (default: in this process).
     """
@@ -94,6 +96,7 @@ class EnvGroupManager:
         format_penalty: float = 0.0,
         action_format: str | TagFormat = "answer",
         system_prompt: str | None = None,
+        instructions: str | None = None,
         show_legal_actions: bool = True,
         executor: Any | None = None,
     ):
@@ -132,6 +135,7 @@ class EnvGroupManager:
         self.format_penalty = float(format_penalty)
         self.fmt = get_format(action_format) if isinstance(action_format, str) else action_format
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions)
+        self.instructions = instructions
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether prompts carry the expert's action (set by ``rollout`` for generators that use it).
@@ -176,7 +180,7 @@ class EnvGroupManager:
                 continue
             slot.active = True
             slot.max_turns = state.max_turns
-            slot.trajectory.system = self.renderer.system(state.instructions)
+            slot.trajectory.system = self.renderer.system(state.instructions if self.instructions is None else self.instructions)
             self._observe(slot, state)
             if self.tokens is not None:
                 ids = self.tokens.prompt(self._prompt_messages(slot))

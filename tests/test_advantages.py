@@ -105,3 +105,29 @@ def test_gigpo_scales_to_a_16k_step_batch_without_python_loops():
     out = gigpo_advantages(rng.random(n_traj * length), traj, np.tile(np.arange(length), n_traj),
                            np.arange(n_traj) // 8, rng.integers(0, 20, n_traj * length).astype(str))
     assert out["advantages"].shape == (n_traj * length,) and np.isfinite(out["advantages"]).all()
+
+
+def test_select_groups_drops_tied_groups_and_keeps_the_top_fraction_by_std():
+    from envhub_trl.advantages import select_groups
+
+    returns = np.array([1.0, 0.0, 0.5, 0.5, 3.0, 0.0, 0.2, 0.1])
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])  # stds 0.5, 0, 1.5, 0.05
+    np.testing.assert_array_equal(select_groups(returns, groups), [True] * 8)
+    np.testing.assert_array_equal(select_groups(returns, groups, drop_tied=True), [1, 1, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(select_groups(returns, groups, keep_fraction=0.5), [1, 1, 0, 0, 1, 1, 0, 0])
+    # ceil(0.3 * 4) = 2 groups; after dropping ties the quota still counts every group
+    np.testing.assert_array_equal(select_groups(returns, groups, drop_tied=True, keep_fraction=0.3), [1, 1, 0, 0, 1, 1, 0, 0])
+    with pytest.raises(ValueError, match="keep_fraction"):
+        select_groups(returns, groups, keep_fraction=1.5)
+
+
+def test_gigpo_anchor_groups_span_members_and_turns_of_one_group():
+    # one group of two members; member 0 returns to state A on its 3rd turn, member 1 starts in A
+    out = gigpo_advantages(
+        np.array([0.0, 0.0, 1.0, 0.0]), np.array([0, 0, 0, 1]), np.array([0, 1, 2, 0]), np.array([5, 5]),
+        np.array(["A", "B", "A", "A"], dtype=object), gamma=1.0, norm="mean",
+    )
+    # anchor A: step returns {1, 1, 0} (member 0 turns 0 and 2, member 1 turn 0), mean 2/3; B alone
+    np.testing.assert_allclose(out["step"], [1 / 3, 0, 1 / 3, -2 / 3])
+    np.testing.assert_array_equal(out["anchor_size"], [3, 1, 3, 3])
+    np.testing.assert_allclose(out["episode"], [0.5, -0.5])

@@ -277,3 +277,10 @@ def test_text_replies_are_tokenised_into_the_context():
     sample = trajectory.sample()
     text = tokenizer.decode(sample.prompt_ids + sample.completion_ids)
     assert text + "<|im_end|>\n" == tokenizer.apply_chat_template(trajectory.messages)  # no end token was sampled
+
+
+def test_instructions_replace_the_environments_own_in_the_system_message():
+    manager = EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 1, 1, instructions="Reach G.", max_turns=2)
+    trajectory = rollout(manager, ExpertGenerator(), SamplingParams())[0]
+    assert trajectory.system.startswith("Reach G.")
+    assert "frozen lake" not in trajectory.system

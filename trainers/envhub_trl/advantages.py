@@ -126,3 +126,37 @@ def gigpo_advantages(
         "anchor_size": anchor_counts[anchor_labels],
         "step_returns": step_returns,
     }
+
+
+def select_groups(
+    returns: np.ndarray, groups: np.ndarray, *, drop_tied: bool = False, keep_fraction: float = 1.0, eps: float = 1e-8
+) -> np.ndarray:
+    """Which trajectories a filtered batch keeps, group by group (RAGEN's StarPO-S filter).
+
+    Args:
+        returns: shape ``(n_traj,)``, each trajectory's return.
+        groups: shape ``(n_traj,)``, its env group.
+        drop_tied: drop every group whose returns all tie (within ``eps``): they carry no
+            episode-level signal.
+        keep_fraction: keep the ``ceil(keep_fraction * n_groups)`` groups with the largest return
+            std (ties broken by group label), after ``drop_tied``.
+
+    Returns:
+        Shape ``(n_traj,)``, True for the trajectories of kept groups.
+    """
+    if not 0.0 < keep_fraction <= 1.0:
+        raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    returns = np.asarray(returns, dtype=np.float64)
+    labels_of, labels, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    mean = np.bincount(labels, weights=returns) / counts
+    std = np.sqrt(np.bincount(labels, weights=(returns - mean[labels]) ** 2) / counts)
+    keep = np.ones(len(labels_of), dtype=bool)
+    if drop_tied:
+        keep &= std > eps
+    if keep_fraction < 1.0:
+        quota = int(np.ceil(keep_fraction * len(labels_of)))
+        order = np.lexsort((np.arange(len(labels_of)), -std))  # by std descending, then label
+        top = np.zeros(len(labels_of), dtype=bool)
+        top[order[:quota]] = True
+        keep &= top
+    return keep[labels]

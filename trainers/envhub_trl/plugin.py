@@ -1,4 +1,4 @@
-"""The envhub plugin of the trainer package: the ``eval`` and ``export-sft`` commands, and model policies."""
+"""The envhub plugin of the trainer package: the ``train``, ``eval`` and ``export-sft`` commands, and model policies."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from envhub import hookimpl
 
 @hookimpl
 def register_commands(cli: Any) -> None:
-    """Add ``envhub eval`` and ``envhub export-sft``."""
+    """Add ``envhub train``, ``envhub eval`` and ``envhub export-sft``."""
     from envhub_trl.commands import eval_command, export_sft_command
+    from envhub_trl.train_command import train_command
 
+    cli.add_command(train_command)
     cli.add_command(eval_command)
     cli.add_command(export_sft_command)
 

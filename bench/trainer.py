@@ -1,0 +1,150 @@
+"""Trainer benchmark: an EnvGRPOTrainer step against a plain trl.GRPOTrainer step on as many tokens,
+and the GiGPO advantage time on a 16k-step batch.
+
+Both trainers use the same freshly built tiny model on the CPU. The envhub run plays multi-turn
+FrozenLake episodes (generation turn by turn, environment tokens between turns); the plain run
+generates, in one go per prompt, a completion as long as an envhub episode's completion (model
+and environment tokens) from a prompt as long as the episode's first prompt, so the loss sees the
+same number of tokens. A step is TRL's ``step_time``: generation, scoring and the optimizer step.
+
+    python bench/trainer.py [--episodes 16] [--steps 4]
+
+Prints the figures and writes bench/results/trainer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import numpy as np
+import torch
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from envhub.rollout import Sample
+from envhub_trl.advantages import gigpo_advantages, grpo_advantages
+from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.rollout_batch import token_advantages
+from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+from envhub_trl.trainer import EnvGRPOTrainer
+
+ENV = "frozenlake/FrozenLakeNotSlippery-v0"
+
+
+def step_times(trainer) -> list[float]:
+    trainer.train()
+    return [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
+
+
+def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: int, out: str):
+    config = EnvGRPOConfig(
+        output_dir=out, env_id=ENV, max_turns=turns, groups_per_step=episodes // 4, group_size=4,
+        per_device_train_batch_size=episodes, max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1,
+        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1,
+    )
+    trainer = EnvGRPOTrainer(build_model(tokenizer), config, processing_class=tokenizer)
+    lengths = []
+    rollout = trainer._rollout
+
+    def measured(prompts, trl_trainer):
+        output = rollout(prompts, trl_trainer)
+        lengths.append((np.mean([len(p) for p in output["prompt_ids"]]), np.mean([len(c) for c in output["completion_ids"]])))
+        return output
+
+    trainer.rollout_func = measured
+    times = step_times(trainer)[1:]  # the first step pays one-off set-up
+    return times, lengths
+
+
+def plain_run(tokenizer, episodes: int, steps: int, prompt_len: int, completion_len: int, out: str):
+    words = tokenizer.decode(list(range(3, 3 + prompt_len)))
+    ids = tokenizer(words, add_special_tokens=False)["input_ids"][:prompt_len]
+    prompt = tokenizer.decode(ids)
+    dataset = Dataset.from_dict({"prompt": [prompt] * 64})
+    config = GRPOConfig(
+        output_dir=out, num_generations=4, per_device_train_batch_size=episodes, max_steps=steps + 1,
+        max_completion_length=completion_len, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+        disable_tqdm=True, generation_kwargs={"min_new_tokens": completion_len},
+    )
+    rng = np.random.default_rng(0)
+    trainer = GRPOTrainer(
+        build_model(tokenizer), reward_funcs=lambda completions, **kw: rng.random(len(completions)).tolist(),
+        args=config, train_dataset=dataset, processing_class=tokenizer,
+    )
+    return step_times(trainer)[1:]
+
+
+def gigpo_batch(steps: int, group_size: int = 8, turns: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n_traj = steps // turns
+    traj_index = np.repeat(np.arange(n_traj), turns)
+    return {
+        "rewards": rng.random(steps),
+        "traj_index": traj_index,
+        "step_index": np.tile(np.arange(turns), n_traj),
+        "traj_groups": np.arange(n_traj) // group_size,
+        "state_keys": np.array([f"state-{k}" for k in rng.integers(0, 40, steps)], dtype=object),
+    }
+
+
+def best_of(fn, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=16, help="Episodes (samples) per step; a multiple of 4.")
+    parser.add_argument("--steps", type=int, default=4, help="Timed steps of each trainer (after one warm-up step).")
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--reply-tokens", type=int, default=8)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(environment_corpus([ENV], seeds=4))
+    with tempfile.TemporaryDirectory() as out:
+        ours, lengths = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
+        prompt_len = int(round(np.mean([p for p, _ in lengths])))
+        completion_len = int(round(np.mean([c for _, c in lengths])))
+        plain = plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
+    batch = gigpo_batch(16_384)
+    gigpo_s = best_of(lambda: gigpo_advantages(**batch))
+    returns = np.bincount(batch["traj_index"], weights=batch["rewards"])
+    grpo_s = best_of(lambda: grpo_advantages(returns, batch["traj_groups"]))
+    per_turn = gigpo_advantages(**batch)["advantages"].reshape(-1, 32)
+    turn_ids = np.repeat(np.arange(32), 8).tolist()
+    samples = [Sample([], [], [], [], turn_ids, i // 8, i) for i in range(len(per_turn))]
+    spread_s = best_of(lambda: token_advantages(samples, per_turn, 256))
+    figures = {
+        "episodes_per_step": args.episodes,
+        "prompt_tokens": prompt_len,
+        "completion_tokens": completion_len,
+        "envhub_step_s": statistics.median(ours),
+        "plain_trl_step_s": statistics.median(plain),
+        "step_ratio_envhub_over_plain": statistics.median(ours) / statistics.median(plain),
+        "gigpo_16k_steps_ms": gigpo_s * 1000,
+        "grpo_16k_steps_ms": grpo_s * 1000,
+        "gigpo_over_grpo": gigpo_s / grpo_s,
+        "per_token_spread_512x256_ms": spread_s * 1000,
+    }
+    for key, value in figures.items():
+        print(f"{key:<32} {value:.4g}" if isinstance(value, float) else f"{key:<32} {value}")
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / "trainer.json").write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()

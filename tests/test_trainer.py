@@ -1,0 +1,350 @@
+"""EnvGRPOTrainer, its config, the rollout glue and the ``envhub train`` command, on the tiny model.
+
+One 2-step GiGPO training run on multi-turn FrozenLake is shared by the tests that inspect a
+batch; its generator answers half the episodes with the tiny model (real sampling, real logprobs)
+and half with the expert, so returns differ within groups and the advantages are not all zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from click.testing import CliRunner  # noqa: E402
+
+from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams  # noqa: E402
+from envhub.manager import EnvGroupManager  # noqa: E402
+from envhub.rollout import rollout, step_arrays  # noqa: E402
+from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
+from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.generators import HFGenerator  # noqa: E402
+from envhub_trl.rollout_batch import RolloutError, token_advantages, trl_rollout_output, turn_advantages  # noqa: E402
+
+LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _config(tmp_path, **overrides) -> EnvGRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path), env_id=LAKE, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
+        max_steps=2, max_turn_tokens=8, logging_steps=1, report_to="none", learning_rate=1e-3, use_cpu=True,
+        save_strategy="no", disable_tqdm=True, seed=3,
+    )
+    values.update(overrides)
+    return EnvGRPOConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+
+    tokenizer = build_tokenizer(environment_corpus([LAKE], seeds=4))
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    build_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, tokenizer
+
+
+class HalfExpert:
+    """The tiny model on even prompts, the expert on odd ones."""
+
+    uses_expert = True
+
+    def __init__(self, model, tokenizer):
+        self.hf = HFGenerator(model, tokenizer)
+        self.expert = ExpertGenerator(tokenizer=tokenizer)
+
+    def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        model = self.hf.generate(prompts[0::2], sampling)
+        expert = self.expert.generate(prompts[1::2], sampling)
+        out = [None] * len(prompts)
+        out[0::2], out[1::2] = model, expert
+        return out
+
+
+@pytest.fixture(scope="module")
+def run(tiny, tmp_path_factory):
+    """A 2-step GiGPO run; returns the trainer, the weights before, and every batch the loss saw."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = []
+
+    class Spy(EnvGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            batches.append({"output": output, "trajectories": self._spied, "seeds": list(self._batch_seeds)})
+            return output
+
+        def _rollout(self, prompts, trainer):
+            output = super()._rollout(prompts, trainer)
+            self._spied = list(self._manager.trajectories())
+            return output
+
+    config = _config(tmp_path_factory.mktemp("run"), format_penalty=-0.1, step_gamma=0.9, max_turns=7)
+    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
+    trainer.train()
+    return trainer, before, batches
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def test_config_names_the_fix_for_a_batch_that_does_not_divide(tmp_path):
+    with pytest.raises(ValueError, match="per_device_train_batch_size"):
+        _config(tmp_path, groups_per_step=3, group_size=2, per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        _config(tmp_path, advantage_estimator="ppo")
+    with pytest.raises(ValueError, match="eval_seed_offset"):
+        _config(tmp_path, eval_seed_offset=10, num_train_seeds=100)
+    with pytest.raises(ValueError, match="keep_group_fraction"):
+        _config(tmp_path, keep_group_fraction=0.0)
+
+
+def test_config_group_size_is_num_generations_and_sets_the_generation_batch(tmp_path):
+    config = _config(tmp_path, groups_per_step=4, group_size=3, per_device_train_batch_size=6)
+    assert config.num_generations == config.group_size == 3
+    assert config.generation_batch_size == 12
+    assert config.steps_per_generation == 2
+    assert config.manager_kwargs()["max_turns"] == 4
+
+
+# ---------------------------------------------------------------------------------------- glue
+
+
+def test_token_advantages_give_each_turn_its_own_value(tokenizer_free_trajectories):
+    trajectories, samples = tokenizer_free_trajectories
+    per_turn = [np.arange(t.num_turns, dtype=float) + 10 * i for i, t in enumerate(trajectories)]
+    width = max(len(s.completion_ids) for s in samples) + 3
+    out = token_advantages(samples, per_turn, width)
+    assert out.shape == (len(samples), width)
+    for row, sample in enumerate(samples):
+        expected = per_turn[row][sample.turn_ids]
+        np.testing.assert_array_equal(out[row, : len(sample.turn_ids)], expected)
+        assert not out[row, len(sample.turn_ids) :].any()
+
+
+@pytest.fixture
+def tokenizer_free_trajectories(tiny):
+    _, tokenizer = tiny
+    manager = EnvGroupManager(LAKE, 2, 2, tokenizer=tokenizer, max_turns=3)
+    trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams())
+    output, samples = trl_rollout_output(trajectories)
+    assert output["env_mask"] == [s.env_mask for s in samples]
+    assert output["episode_return"] == [t.episode_return for t in trajectories]
+    return trajectories, samples
+
+
+def test_an_episode_without_turns_is_a_clear_error(tiny):
+    _, tokenizer = tiny
+    manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_prompt_tokens=5)
+    trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams())
+    with pytest.raises(RolloutError, match="max_prompt_tokens"):
+        trl_rollout_output(trajectories)
+
+
+def test_turn_advantages_zero_dropped_groups():
+    steps = {
+        "rewards": np.array([1.0, 0.0, 0.5, 0.5]),
+        "traj_index": np.array([0, 1, 2, 3]),
+        "step_index": np.zeros(4, dtype=int),
+        "state_keys": np.array(["a", "a", "b", "b"], dtype=object),
+        "traj_groups": np.array([0, 0, 1, 1]),
+        "returns": np.array([1.0, 0.0, 0.5, 0.5]),
+    }
+    out = turn_advantages(steps, "grpo", norm="mean", drop_tied=True)
+    np.testing.assert_allclose(out["advantages"], [0.5, -0.5, 0, 0])
+    np.testing.assert_array_equal(out["keep"], [True, True, False, False])
+    gigpo = turn_advantages(steps, "gigpo", norm="mean", step_weight=0.5, keep_fraction=0.5)
+    np.testing.assert_allclose(gigpo["advantages"], [0.75, -0.75, 0, 0])
+    with pytest.raises(ValueError, match="estimator"):
+        turn_advantages(steps, "ppo")
+
+
+# ---------------------------------------------------------------------------------------- training run
+
+
+def test_training_changes_the_weights(run):
+    trainer, before, batches = run
+    assert trainer.state.global_step == 2 and len(batches) == 2
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_environment_tokens_are_masked_out_of_the_loss(run):
+    _, _, batches = run
+    for batch in batches:
+        output, trajectories = batch["output"], batch["trajectories"]
+        mask = output["tool_mask"] * output["completion_mask"]
+        for row, trajectory in enumerate(trajectories):
+            sample = trajectory.sample()
+            n = len(sample.completion_ids)
+            assert output["completion_ids"][row, :n].tolist() == sample.completion_ids
+            assert mask[row, :n].tolist() == sample.env_mask
+            assert not mask[row, n:].any()
+            assert 0 in sample.env_mask or trajectory.num_turns == 1
+
+
+def test_rows_of_a_group_share_a_seed_and_an_initial_state(run):
+    trainer, _, batches = run
+    size = trainer.args.num_generations
+    for batch in batches:
+        seeds = np.array(batch["seeds"]).reshape(-1, size)
+        assert (seeds == seeds[:, :1]).all()
+        first = np.array([t.turns[0].state_key for t in batch["trajectories"]], dtype=object).reshape(-1, size)
+        assert (first == first[:, :1]).all()
+
+
+def test_the_loss_sees_per_token_gigpo_advantages(run):
+    trainer, _, batches = run
+    args = trainer.args
+    for batch in batches:
+        output, trajectories = batch["output"], batch["trajectories"]
+        for i, t in enumerate(trajectories):
+            t.group_id = i // args.num_generations
+        steps = step_arrays(trajectories)
+        expected = gigpo_advantages(
+            steps["rewards"], steps["traj_index"], steps["step_index"], steps["traj_groups"], steps["state_keys"],
+            step_weight=args.step_advantage_weight, gamma=args.step_gamma, norm=args.advantage_norm,
+        )["advantages"]
+        assert output["advantages"].dim() == 2
+        bounds = np.cumsum([0] + [t.num_turns for t in trajectories])
+        for row, trajectory in enumerate(trajectories):
+            sample = trajectory.sample()
+            per_turn = expected[bounds[row] : bounds[row + 1]]
+            got = output["advantages"][row, : len(sample.turn_ids)].numpy()
+            model_tokens = np.array(sample.env_mask, dtype=bool)
+            np.testing.assert_allclose(got[model_tokens], per_turn[np.array(sample.turn_ids)[model_tokens]], rtol=1e-5, atol=1e-6)
+        assert np.abs(expected).max() > 0  # the run had signal
+
+
+def test_env_metrics_reach_trls_log(run):
+    trainer, _, _ = run
+    logged = [entry for entry in trainer.state.log_history if "env/success_rate" in entry]
+    assert len(logged) == 2
+    for key in ("env/invalid_action_rate", "env/mean_turns", "env/tokens_per_turn", "env/reward_std_per_group", "entropy", "grad_norm"):
+        assert key in logged[0]
+    assert 0.0 < logged[0]["env/success_rate"] < 1.0  # expert members win, model members do not
+
+
+def test_grpo_matches_trls_own_advantages(tiny, tmp_path, monkeypatch):
+    """GRPO's per-token advantage is, on every model token, the sequence advantage TRL computes itself."""
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path).train()
+    seen = []
+    original = GRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        output = original(self, inputs)
+        seen.append(output["advantages"].clone())  # TRL's (B,) advantages, before ours replace them
+        return output
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", spy)
+    config = _config(tmp_path, advantage_estimator="grpo", max_steps=1, max_turns=7, format_penalty=-0.1)
+    trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    ours = trainer._generate_and_score_completions(inputs)
+    trls = seen[0]
+    assert trls.abs().max() > 0
+    model_tokens = (ours["tool_mask"] * ours["completion_mask"]).bool()
+    expected = trls[:, None].expand_as(ours["advantages"])
+    # TRL divides by std + 1e-4, the estimator by std + 1e-6
+    torch.testing.assert_close(ours["advantages"][model_tokens], expected[model_tokens], rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------- vLLM
+
+
+@pytest.fixture(scope="module")
+def vllm_available():
+    pytest.importorskip("vllm")
+
+
+def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, vllm_available):
+    """After an optimizer step the in-process engine samples with the new weights, not the initial ones.
+
+    Weight decay (halving the decayed weights) makes the step move the weights even when every reply
+    of the random tiny model is invalid (all advantages 0).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.generators import VLLMGenerator
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    initial = AutoModelForCausalLM.from_pretrained(path)
+    config = _config(
+        tmp_path, generator="vllm", max_steps=1, max_turns=2, learning_rate=0.5, weight_decay=1.0,
+        generator_kwargs={"gpu_memory_utilization": 0.1, "max_model_len": 2048, "dtype": "float32", "enforce_eager": True},
+    )
+    trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer)
+    trainer.train()
+    engine = trainer.generator
+    assert isinstance(engine, VLLMGenerator)
+    prompt = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer).__enter__()
+    prompt.reset(seeds=[0])
+    ids = prompt.prompts()[0].token_ids
+    completion = engine.generate([Prompt(ids, [])], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+
+    def logprobs(m):
+        with torch.no_grad():
+            logits = m(torch.tensor([ids + completion.token_ids])).logits[0, len(ids) - 1 : -1]
+        return logits.log_softmax(-1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1).numpy()
+
+    trained, old = logprobs(trainer.model.eval()), logprobs(initial.eval())
+    sampled = np.array(completion.logprobs)
+    np.testing.assert_allclose(sampled, trained, atol=1e-2)
+    assert np.abs(sampled - old).max() > 10 * np.abs(sampled - trained).max()
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
+    from envhub.cli import cli
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "max_turns: 3\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
+        "max_turn_tokens: 6\neval_episodes: 4\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+        "instructions: Move P to G.\n"
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli, ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "2",
+              "--warm-start-episodes", "4"],
+    )
+    assert result.exit_code == 0, result.output
+    for stage in ("initial model", "after warm start (SFT)", "after RL"):
+        assert stage in result.output
+    assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "final" / "config.json").is_file()
+    results = json.loads((out / "results.json").read_text())
+    assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
+    assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
+
+
+def test_train_command_rejects_unknown_config_fields(tmp_path):
+    from envhub.cli import cli
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("groups_per_stepp: 2\n")
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code != 0
+    assert "groups_per_stepp" in result.output

@@ -1,0 +1,156 @@
+"""``EnvGRPOConfig``: TRL's ``GRPOConfig`` plus what a multi-turn environment run needs.
+
+Fields are grouped as follows.
+
+Environment:
+    ``env_id``, ``env_kwargs``, ``max_turns``, ``format_penalty``, ``action_format``,
+    ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``.
+Batches:
+    ``groups_per_step`` (env groups per generation batch), ``group_size`` (= ``num_generations``,
+    members per group, all reset with one seed), ``sample_layout``.
+Generation:
+    ``generator`` (``hf`` or ``vllm``), ``max_turn_tokens``; temperature, top-p and top-k are
+    TRL's own fields, used both to sample and to score.
+Advantages:
+    ``advantage_estimator`` (``grpo`` or ``gigpo``), ``step_advantage_weight`` (ω),
+    ``step_gamma`` (γ), ``advantage_norm`` (``mean`` or ``mean_std``).
+Group filtering:
+    ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
+    top fraction of groups by return std, as RAGEN's StarPO-S).
+Evaluation:
+    ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import GRPOConfig
+
+ESTIMATORS = ("grpo", "gigpo")
+NORMS = ("mean", "mean_std")
+GENERATORS = ("hf", "vllm")
+#: Sample layouts the trainer accepts: one sample per episode with environment tokens masked out.
+TRAINER_LAYOUTS = ("trajectory",)
+
+
+@dataclass
+class EnvGRPOConfig(GRPOConfig):
+    """Configuration of :class:`~envhub_trl.trainer.EnvGRPOTrainer` (see the module docstring for the groups).
+
+    Any ``GRPOConfig`` field works too; ``num_generations`` is the group size, and
+    ``generation_batch_size`` is set from ``groups_per_step * group_size`` unless given.
+    """
+
+    env_id: str = field(default="frozenlake/FrozenLake-v0", metadata={"help": "The environment id to train on (see `envhub list`)."})
+    env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
+    max_turns: int | None = field(default=None, metadata={"help": "Turn limit of every episode; None keeps the env's registered limit."})
+    format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
+    action_format: str = field(default="answer", metadata={"help": "Reply format: `answer` (<answer>..</answer>) or `think-answer`."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Text put before the environment's instructions in the system message."})
+    instructions: str | None = field(
+        default=None, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}
+    )
+    show_legal_actions: bool = field(default=True, metadata={"help": "List the legal actions in every user message."})
+    max_prompt_tokens: int | None = field(
+        default=2048, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
+    )
+    num_train_seeds: int = field(
+        default=100_000, metadata={"help": "Training groups reset with seeds 0 .. num_train_seeds - 1 (the trainer's dataset)."}
+    )
+    groups_per_step: int | None = field(
+        default=None,
+        metadata={"help": "Env groups per generation batch; sets generation_batch_size = groups_per_step * group_size."},
+    )
+    group_size: int | None = field(
+        default=None, metadata={"help": "Members per env group, all reset with one seed; an alias of num_generations."}
+    )
+    sample_layout: str = field(
+        default="trajectory",
+        metadata={"help": "`trajectory`: one sample per episode, turns concatenated, environment tokens masked out of the loss."},
+    )
+    generator: str = field(
+        default="hf",
+        metadata={"help": "`hf` (transformers generate on the training model) or `vllm` (in-process vLLM, weights synced each optimizer step)."},
+    )
+    generator_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Keyword arguments for the generator (e.g. vLLM's gpu_memory_utilization)."}
+    )
+    max_turn_tokens: int = field(default=64, metadata={"help": "The longest reply, in tokens, per turn."})
+    advantage_estimator: str = field(default="gigpo", metadata={"help": "`grpo` (episode level) or `gigpo` (episode + step level)."})
+    step_advantage_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage."})
+    step_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of GiGPO's step returns."})
+    advantage_norm: str = field(
+        default="mean_std", metadata={"help": "`mean` (subtract the group mean) or `mean_std` (also divide by the group std)."}
+    )
+    filter_tied_groups: bool = field(
+        default=False, metadata={"help": "Drop (mask out of the loss) groups whose members' returns all tie."}
+    )
+    keep_group_fraction: float = field(
+        default=1.0, metadata={"help": "Keep this top fraction of groups by return std (RAGEN's StarPO-S); 1.0 keeps all."}
+    )
+    eval_episodes: int = field(default=128, metadata={"help": "Held-out episodes of `evaluate_env` (one seed each, greedy)."})
+    eval_seed_offset: int = field(
+        default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
+    )
+
+    def manager_kwargs(self) -> dict[str, Any]:
+        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments these settings imply."""
+        return {
+            "max_turns": self.max_turns,
+            "env_kwargs": self.env_kwargs,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "format_penalty": self.format_penalty,
+            "action_format": self.action_format,
+            "system_prompt": self.system_prompt,
+            "instructions": self.instructions,
+            "show_legal_actions": self.show_legal_actions,
+        }
+
+    def __post_init__(self) -> None:
+        if self.group_size is not None:
+            self.num_generations = self.group_size
+        self.group_size = self.num_generations
+        if self.advantage_estimator not in ESTIMATORS:
+            raise ValueError(f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
+        if self.advantage_norm not in NORMS:
+            raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
+        if self.sample_layout not in TRAINER_LAYOUTS:
+            raise ValueError(
+                f"sample_layout {self.sample_layout!r} is not supported by the trainer; use one of {TRAINER_LAYOUTS} "
+                "(the step layout is available from EnvGroupManager for custom loops)"
+            )
+        if not 0.0 <= self.step_gamma <= 1.0:
+            raise ValueError(f"step_gamma must be in [0, 1], got {self.step_gamma}")
+        if not 0.0 < self.keep_group_fraction <= 1.0:
+            raise ValueError(f"keep_group_fraction must be in (0, 1], got {self.keep_group_fraction}")
+        if self.num_train_seeds < 1 or self.eval_episodes < 1 or self.max_turn_tokens < 1:
+            raise ValueError("num_train_seeds, eval_episodes and max_turn_tokens must be at least 1")
+        if self.eval_seed_offset < self.num_train_seeds:
+            raise ValueError(
+                f"eval_seed_offset ({self.eval_seed_offset}) overlaps the training seeds 0..{self.num_train_seeds - 1}; "
+                "raise eval_seed_offset or lower num_train_seeds"
+            )
+        if self.use_vllm:
+            raise ValueError("use_vllm is TRL's own single-turn generator; set generator='vllm' for multi-turn rollouts instead")
+        if self.groups_per_step is not None:
+            if self.groups_per_step < 1:
+                raise ValueError(f"groups_per_step must be at least 1, got {self.groups_per_step}")
+            if self.generation_batch_size is not None or self.steps_per_generation is not None:
+                raise ValueError("set groups_per_step or generation_batch_size/steps_per_generation, not both")
+            batch = self.groups_per_step * self.num_generations
+            if batch % self.per_device_train_batch_size:
+                raise ValueError(
+                    f"groups_per_step x group_size = {batch} episodes is not divisible by per_device_train_batch_size="
+                    f"{self.per_device_train_batch_size}; pick a per_device_train_batch_size that divides {batch}"
+                )
+            self.generation_batch_size = batch
+        super().__post_init__()
+        if self.max_completion_length is not None and self.max_completion_length < self.max_turn_tokens:
+            raise ValueError(
+                f"max_completion_length ({self.max_completion_length}) is below max_turn_tokens ({self.max_turn_tokens}); "
+                "raise max_completion_length (it bounds a whole episode's completion tokens)"
+            )

@@ -1,0 +1,107 @@
+"""Rollouts as TRL batches: what ``rollout_func`` returns, and the per-token advantages of a batch.
+
+TRL's ``GRPOTrainer`` takes one sample per dataset row. Here a row is one episode in the
+trajectory layout: the first prompt, then every reply and the environment's tokens between them
+(``env_mask`` 0 on the latter, so they stay out of the loss). Advantages are computed per turn by
+the estimators of :mod:`envhub_trl.advantages` and spread over each turn's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from envhub.error import EnvhubError
+from envhub.rollout import Sample, Trajectory, batch_columns
+from envhub_trl.advantages import Norm, gigpo_advantages, grpo_advantages, select_groups
+
+
+class RolloutError(EnvhubError):
+    """An episode cannot become a training sample (it failed on reset, or its first prompt is over budget)."""
+
+
+def trl_rollout_output(trajectories: Sequence[Trajectory]) -> tuple[dict[str, list[Any]], list[Sample]]:
+    """The dict a TRL ``rollout_func`` returns for ``trajectories``, and their samples.
+
+    Returns:
+        ``(columns, samples)``: :func:`envhub.rollout.batch_columns` of the samples plus
+        ``episode_return``, one entry per trajectory, in order. ``env_mask`` becomes TRL's
+        ``tool_mask``; the other extra columns reach the reward function :func:`episode_return`.
+
+    Raises:
+        RolloutError: for an episode without a single turn.
+    """
+    samples = []
+    for trajectory in trajectories:
+        if not trajectory.turns:
+            reason = trajectory.error or f"it ended before its first reply ({trajectory.end_reason})"
+            raise RolloutError(
+                f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) has no turn: {reason}; "
+                "raise max_prompt_tokens if the first prompt is over budget"
+            )
+        samples.append(trajectory.sample())
+    output = batch_columns(samples)
+    output["episode_return"] = [t.episode_return for t in trajectories]
+    return output, samples
+
+
+def episode_return(prompts: list[Any], completions: list[Any], episode_return: list[float], **kwargs: Any) -> list[float]:
+    """TRL reward function: the episode's return, as the rollout recorded it."""
+    return [float(value) for value in episode_return]
+
+
+def turn_advantages(
+    steps: dict[str, np.ndarray],
+    estimator: str,
+    *,
+    step_weight: float = 1.0,
+    gamma: float = 0.95,
+    norm: Norm = "mean_std",
+    drop_tied: bool = False,
+    keep_fraction: float = 1.0,
+) -> dict[str, np.ndarray]:
+    """Each turn's advantage under ``estimator`` (``"grpo"`` or ``"gigpo"``), and which rows to keep.
+
+    Args:
+        steps: the batch as :func:`envhub.rollout.step_arrays` flattens it (``traj_groups`` are
+            the env groups the advantages are normalised within).
+
+    Returns:
+        ``advantages`` (per turn; 0 for the turns of dropped groups), ``keep`` (per trajectory) and,
+        for GiGPO, ``anchor_size`` (per turn).
+    """
+    groups, traj_index = steps["traj_groups"], steps["traj_index"]
+    keep = select_groups(steps["returns"], groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+    if estimator == "grpo":
+        out = {"advantages": grpo_advantages(steps["returns"], groups, norm)[traj_index]}
+    elif estimator == "gigpo":
+        gigpo = gigpo_advantages(
+            steps["rewards"], traj_index, steps["step_index"], groups, steps["state_keys"],
+            step_weight=step_weight, gamma=gamma, norm=norm,
+        )
+        out = {"advantages": gigpo["advantages"], "anchor_size": gigpo["anchor_size"]}
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; choose grpo or gigpo")
+    out["advantages"] = np.where(keep[traj_index], out["advantages"], 0.0)
+    out["keep"] = keep
+    return out
+
+
+def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray], width: int) -> np.ndarray:
+    """Spread per-turn values over tokens: ``out[i, j] = turn_values[i][samples[i].turn_ids[j]]``.
+
+    Args:
+        samples: trajectory-layout samples (``turn_ids`` per completion token).
+        turn_values: per sample, one value per turn.
+        width: the padded completion length; positions past a sample's end get 0.
+
+    Returns:
+        Shape ``(len(samples), width)``.
+    """
+    out = np.zeros((len(samples), width))
+    for row, (sample, values) in enumerate(zip(samples, turn_values)):
+        turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
+        out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
+    return out

@@ -1,0 +1,158 @@
+"""``envhub train``: GRPO/GiGPO on an environment, with held-out success before and after.
+
+The run leaves in ``--output-dir``: the trained model and tokenizer (``final/``), the learning
+curve (``learning_curve.png``), and ``results.json`` with every evaluation and the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from envhub.error import EnvhubError
+
+#: Held-out evaluation stages, in the order the table lists them.
+STAGES = ("initial model", "after warm start (SFT)", "after RL")
+
+
+def load_config_file(path: str | None) -> dict[str, Any]:
+    """The fields of a YAML config file (empty without one); unknown fields are an error."""
+    from envhub_trl.config import EnvGRPOConfig
+
+    if path is None:
+        return {}
+    import yaml
+
+    with open(path, encoding="utf-8") as handle:
+        values = yaml.safe_load(handle) or {}
+    if not isinstance(values, dict):
+        raise click.ClickException(f"{path} must hold a mapping of config fields, got {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(EnvGRPOConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise click.ClickException(f"{path}: unknown config fields {unknown}; see EnvGRPOConfig (envhub_trl.config) for the fields")
+    return values
+
+
+def _load_model(name: str, env_id: str, seed: int) -> tuple[Any, Any]:
+    if name == "tiny":
+        from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+
+        tokenizer = build_tokenizer(environment_corpus([env_id]))
+        return build_model(tokenizer, seed=seed), tokenizer
+    if not Path(name).is_dir():
+        raise click.ClickException(f"--model {name!r} is neither 'tiny' nor a model folder")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+
+
+def _evaluate(trainer: Any) -> dict[str, dict[str, float]]:
+    """Held-out metrics of the greedy policy and of the policy sampled as in training."""
+    return {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
+
+
+def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
+    greedy, sampled = metrics["greedy"], metrics["sampled"]
+    return [
+        stage,
+        f"{greedy['success_rate']:.1%}",
+        f"{sampled['success_rate']:.1%}",
+        f"{greedy['invalid_action_rate']:.1%}",
+        f"{sampled['invalid_action_rate']:.1%}",
+        f"{greedy['mean_turns']:.2f}",
+    ]
+
+
+@click.command("train")
+@click.option("--env", "env_id", default=None, help="Environment id (default: the config file's env_id, else frozenlake/FrozenLake-v0).")
+@click.option("--model", "model_name", default="tiny", show_default=True, help="'tiny' (a fresh tiny Qwen2 built here) or a model folder.")
+@click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
+@click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
+@click.option("--warm-start-steps", default=0, show_default=True, type=click.IntRange(min=0), help="Supervised steps on expert episodes before RL.")
+@click.option("--warm-start-episodes", default=512, show_default=True, type=click.IntRange(min=1), help="Expert episodes for the warm start.")
+@click.option("--warm-start-lr", default=1e-3, show_default=True, help="Learning rate of the warm start.")
+def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr):
+    """Train a model on an environment with GRPO or GiGPO; report held-out success before and after."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from envhub.cli import table
+    from envhub_trl.config import EnvGRPOConfig
+    from envhub_trl.plots import plot_learning_curve
+    from envhub_trl.trainer import EnvGRPOTrainer
+    from envhub_trl.warm_start import expert_samples, supervised_steps
+
+    started = time.perf_counter()
+    values = load_config_file(config_file)
+    if env_id is not None:
+        values["env_id"] = env_id
+    if algo is not None:
+        values["advantage_estimator"] = algo
+    values.setdefault("report_to", "none")
+    values["output_dir"] = output_dir
+    try:
+        args = EnvGRPOConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"bad configuration: {exc}") from exc
+    try:
+        model, tokenizer = _load_model(model_name, args.env_id, args.seed)
+        trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
+        evaluations = {STAGES[0]: _evaluate(trainer)}
+        if warm_start_steps:
+            samples = expert_samples(tokenizer, args.env_id, range(warm_start_episodes), **args.manager_kwargs())
+            click.echo(f"warm start: {warm_start_steps} supervised steps on {len(samples)} expert episodes", err=True)
+            supervised_steps(
+                model, samples, warm_start_steps, learning_rate=warm_start_lr, pad_id=tokenizer.pad_token_id, seed=args.seed
+            )
+            evaluations[STAGES[1]] = _evaluate(trainer)
+        before_rl = trainer.state.global_step
+        trainer.train()
+        evaluations[STAGES[2]] = _evaluate(trainer)
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from exc
+    out = Path(output_dir)
+    trainer.save_model(str(out / "final"))
+    tokenizer.save_pretrained(out / "final")
+    start_key = STAGES[1] if warm_start_steps else STAGES[0]
+    end = trainer.state.global_step
+    how = f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
+    curve = plot_learning_curve(
+        trainer.state.log_history,
+        out / "learning_curve.png",
+        {
+            "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
+            f"held-out, sampled ({how})": {
+                before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
+            },
+        },
+        title=f"{args.env_id}, {args.advantage_estimator}",
+    )
+    gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
+    seconds = time.perf_counter() - started
+    results = {
+        "env_id": args.env_id,
+        "advantage_estimator": args.advantage_estimator,
+        "held_out_episodes": args.eval_episodes,
+        "held_out_seed_offset": args.eval_seed_offset,
+        "evaluations": evaluations,
+        "rl_success_gain": gain,
+        "rl_steps": trainer.state.global_step,
+        "warm_start_steps": warm_start_steps,
+        "seconds": seconds,
+        "config": {k: v for k, v in values.items() if k != "output_dir"},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled ({how})\n")
+    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
+    click.echo(table([_row(stage, m) for stage, m in evaluations.items()], headers))
+    click.echo(
+        f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
+        f"{gain['sampled'] * 100:+.1f} points of sampled success"
+    )
+    click.echo(f"learning curve: {curve}\nmodel: {out / 'final'}\ntotal time: {seconds / 60:.1f} min")
