@@ -31,9 +31,10 @@ test: setup
 demo: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --warm-start-steps 100
 
+# Every benchmark; each prints its figures and writes bench/results/NAME.json. The Sokoban ones
+# build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).
 bench: setup
-	$(PY) bench/env_step.py
-	HF_HUB_OFFLINE=1 $(PY) bench/manager.py
+	for script in bench/*.py; do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info */*.egg-info
