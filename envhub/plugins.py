@@ -35,6 +35,7 @@ class PluginInfo:
     entry_point: str | None
     hooks: list[str] = dataclasses.field(default_factory=list)
     error: str | None = None
+    env_ids: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The plugin as the JSON object ``envhub plugins --json`` prints."""
@@ -97,12 +98,16 @@ class PluginHost:
         return info
 
     def remove(self, name: str) -> None:
-        """Unregister the plugin ``name`` and forget the environments it registered."""
+        """Unregister the plugin ``name`` and forget the environments it registered.
+
+        Only the ids its own hook registered are forgotten: another host loading the same plugin
+        (tests build throwaway hosts) never removes the envs the real one registered.
+        """
         from envhub.registration import registry
 
-        for env_spec in registry.values():
-            if env_spec.plugin == name:
-                registry.remove(env_spec.id)
+        info = self.infos.get(name)
+        for env_id in info.env_ids if info is not None else ():
+            registry.remove(env_id)
         plugin = self.pm.get_plugin(name)
         if plugin is not None:
             self.pm.unregister(plugin)
@@ -110,7 +115,7 @@ class PluginHost:
 
     def _register_envs_of(self, name: str) -> None:
         info = self.infos[name]
-        bound = functools.partial(_register_for, name, info.version)
+        bound = functools.partial(_register_for, info)
         for impl in self._impls("register_envs", name):
             try:
                 impl.function(register=bound)
@@ -132,12 +137,14 @@ class PluginHost:
         return [impl for impl in caller.get_hookimpls() if impl.plugin_name == plugin_name]
 
 
-def _register_for(plugin: str, version: str | None, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
+def _register_for(info: PluginInfo, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
     from envhub.registration import register
 
-    spec_kwargs.setdefault("plugin", plugin)
-    spec_kwargs.setdefault("version", version)
-    return register(id, entry_point, **spec_kwargs)
+    spec_kwargs.setdefault("plugin", info.name)
+    spec_kwargs.setdefault("version", info.version)
+    env_spec = register(id, entry_point, **spec_kwargs)
+    info.env_ids.append(env_spec.id)
+    return env_spec
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

@@ -132,3 +132,11 @@ def test_every_hook_has_a_test():
     assert hooks, "no hookspecs found"
     missing = [h for h in hooks if f"test_hook_{h}" not in globals()]
     assert not missing, f"hooks without a test_hook_<name> test: {missing}"
+
+
+def test_removing_a_throwaway_hosts_plugins_keeps_the_real_hosts_envs(fake_host):
+    fake_host.load()  # also loads the built-in adapters, whose ids the real host already holds
+    for name in list(fake_host.infos):
+        fake_host.remove(name)
+    assert "gym/Taxi-v3" in envhub.registry and "frozenlake/FrozenLake-v0" in envhub.registry
+    assert "fakegood/Echo-v0" not in envhub.registry
