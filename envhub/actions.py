@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from envhub.core import TextEnv, normalize_action, shorten
+from envhub.core import TextEnv, match_action, shorten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +48,6 @@ class ParsedReply:
     def action(self) -> str | None:
         """The first action, or None when there is none."""
         return self.actions[0] if self.actions else None
-
-
-def match_action(text: str, valid_actions: Sequence[str]) -> str | None:
-    """Return the legal action ``text`` names, ignoring case and runs of whitespace, else None."""
-    key = normalize_action(text)
-    for candidate in valid_actions:
-        if normalize_action(candidate) == key:
-            return candidate
-    return None
 
 
 def _find_all(haystack: str, needle: str) -> list[int]:

@@ -13,6 +13,7 @@ and explain themselves, the turn limit truncates, and stepping a finished episod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -28,6 +29,15 @@ INFO_KEYS: dict[str, type] = {"action_is_valid": bool, "success": bool, "state_k
 def normalize_action(text: str) -> str:
     """Return ``text`` case-folded with runs of whitespace collapsed, for lenient matching."""
     return " ".join(text.split()).casefold()
+
+
+def match_action(text: str, valid_actions: Sequence[str]) -> str | None:
+    """Return the legal action ``text`` names, ignoring case and runs of whitespace, else None."""
+    key = normalize_action(text)
+    for candidate in valid_actions:
+        if normalize_action(candidate) == key:
+            return candidate
+    return None
 
 
 def shorten(text: str, width: int = 60) -> str:
@@ -182,15 +192,14 @@ class TextEnv(gymnasium.Env[str, str]):
         """
         if not isinstance(action, str):
             raise InvalidAction(f"an action is text, got {type(action).__name__}")
-        key = normalize_action(action)
-        if not key:
+        if not normalize_action(action):
             raise InvalidAction("the action is empty")
         legal = self.valid_actions()
         if legal is None:
             return action.strip()
-        for candidate in legal:
-            if normalize_action(candidate) == key:
-                return candidate
+        found = match_action(action, legal)
+        if found is not None:
+            return found
         raise InvalidAction(f"'{shorten(action)}' is not one of the legal actions: {', '.join(legal)}")
 
     def valid_actions(self) -> list[str] | None:
