@@ -85,7 +85,8 @@ class _Server:
             "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
             "--logprobs-mode", "processed_logprobs", "--enforce-eager", "--seed", "0",
         ]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        # Development mode adds the endpoints a trainer updates the weights through.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         self.process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
@@ -243,6 +244,73 @@ def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer
             assert len(turn.completion_ids) == len(turn.logprobs) > 0
             assert list(turn.logprobs) == pytest.approx(forward_logprobs(hf.model, context, list(turn.completion_ids)), abs=2e-3)
             context += list(turn.completion_ids)
+
+
+def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, hf, tmp_path):
+    """After an optimizer step the server samples with the trained weights (weight decay makes the step
+    move them even if every reply of the random model is invalid); the test puts the initial ones back."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.config import EnvGRPOConfig
+    from envhub_trl.generators import VLLMServerGenerator
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    url = server.wait()
+    config = EnvGRPOConfig(
+        output_dir=str(tmp_path), env_id=LAKE, max_turns=2, groups_per_step=2, group_size=2, per_device_train_batch_size=4,
+        max_steps=1, max_turn_tokens=6, report_to="none", learning_rate=0.5, weight_decay=1.0, use_cpu=True,
+        save_strategy="no", disable_tqdm=True, generator="vllm-server", vllm_server_url=url,
+    )
+    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(tiny_path), config, processing_class=tokenizer)
+    try:
+        trainer.train()
+        client = trainer.generator
+        assert isinstance(client, VLLMServerGenerator) and client.weights_version == 2  # at the start, after the step
+        assert [p.name for p in client.weights_dir.iterdir()] == ["weights-000002"]  # the old checkpoint is gone
+        manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer).__enter__()
+        manager.reset(seeds=[0])
+        prompt = manager.prompts()[0]
+        completion = VLLMServerGenerator(url).generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
+        # A plain copy of the trained weights: the trainer's own model runs under accelerate's autocast.
+        plain = type(hf.model)(hf.model.config)
+        plain.load_state_dict(trainer.model.state_dict())
+        trained = forward_logprobs(plain.eval(), prompt.token_ids, completion.token_ids)
+        initial = forward_logprobs(hf.model, prompt.token_ids, completion.token_ids)
+        assert completion.logprobs == pytest.approx(trained, abs=2e-3)
+        assert max(abs(a - b) for a, b in zip(completion.logprobs, initial)) > 0.1
+    finally:
+        VLLMServerGenerator(url, weights_dir=tmp_path / "restore").load_weights(hf.model)
+
+
+def test_weight_sync_names_the_server_setting_it_needs(hf, tmp_path):
+    """A server without development mode answers 404 on the weight endpoints: the error says how to start it."""
+    import http.server
+    import threading
+
+    from envhub_trl.generators.vllm_server import ServerError, VLLMServerGenerator
+
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # /v1/models
+            body = json.dumps({"data": [{"id": "tiny"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = VLLMServerGenerator(f"http://127.0.0.1:{httpd.server_address[1]}", weights_dir=tmp_path)
+        with pytest.raises(ServerError, match="VLLM_SERVER_DEV_MODE=1"):
+            client.load_weights(hf.model)
+    finally:
+        httpd.shutdown()
 
 
 def test_vllm_server_client_reports_an_unreachable_server():
