@@ -24,7 +24,8 @@ from envhub.rollout import rollout, step_arrays  # noqa: E402
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.generators import HFGenerator  # noqa: E402
-from envhub_trl.rollout_batch import RolloutError, token_advantages, trl_rollout_output, turn_advantages  # noqa: E402
+from envhub.rollout import batch_columns  # noqa: E402
+from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -83,12 +84,7 @@ def run(tiny, tmp_path_factory):
     class Spy(EnvGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
-            batches.append({"output": output, "trajectories": self._spied, "seeds": list(self._batch_seeds)})
-            return output
-
-        def _rollout(self, prompts, trainer):
-            output = super()._rollout(prompts, trainer)
-            self._spied = list(self._manager.trajectories())
+            batches.append({"output": output, "trajectories": list(self._manager.trajectories()), "seeds": list(self._batch_seeds)})
             return output
 
     config = _config(tmp_path_factory.mktemp("run"), format_penalty=-0.1, step_gamma=0.9, max_turns=7)
@@ -139,9 +135,8 @@ def tokenizer_free_trajectories(tiny):
     _, tokenizer = tiny
     manager = EnvGroupManager(LAKE, 2, 2, tokenizer=tokenizer, max_turns=3)
     trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams())
-    output, samples = trl_rollout_output(trajectories)
-    assert output["env_mask"] == [s.env_mask for s in samples]
-    assert output["episode_return"] == [t.episode_return for t in trajectories]
+    samples = [t.sample() for t in trajectories]
+    assert batch_columns(samples)["env_mask"] == [s.env_mask for s in samples]
     return trajectories, samples
 
 
@@ -150,7 +145,7 @@ def test_an_episode_without_turns_is_a_clear_error(tiny):
     manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, max_prompt_tokens=5)
     trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams())
     with pytest.raises(RolloutError, match="max_prompt_tokens"):
-        trl_rollout_output(trajectories)
+        check_has_turns(trajectories[0])
 
 
 def test_turn_advantages_zero_dropped_groups():
@@ -265,6 +260,135 @@ def test_grpo_matches_trls_own_advantages(tiny, tmp_path, monkeypatch):
     expected = trls[:, None].expand_as(ours["advantages"])
     # TRL divides by std + 1e-4, the estimator by std + 1e-6
     torch.testing.assert_close(ours["advantages"][model_tokens], expected[model_tokens], rtol=1e-3, atol=1e-3)
+
+
+def test_completions_log_shows_the_advantages_the_loss_used(run):
+    trainer, _, batches = run
+    output = batches[-1]["output"]
+    mask = (output["tool_mask"] * output["completion_mask"]).bool()
+    means = [float(output["advantages"][row][mask[row]].mean()) if mask[row].any() else 0.0 for row in range(len(mask))]
+    assert list(trainer._logs["advantages"])[-len(means) :] == pytest.approx(means, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def step_run(tiny, tmp_path_factory):
+    """One generation batch in the step layout, trained as two micro-batches (two optimizer steps)."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = []
+
+    class Spy(EnvGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            batches.append({"output": output, "trajectories": list(self._manager.trajectories())})
+            return output
+
+    config = _config(
+        tmp_path_factory.mktemp("step-run"), sample_layout="step", history_turns=1, max_turns=6, per_device_train_batch_size=4,
+        format_penalty=-0.1, step_gamma=0.9,
+    )
+    assert config.steps_per_generation == 2
+    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
+    trainer.train()
+    return trainer, before, batches
+
+
+def test_step_layout_trains_one_row_per_turn(step_run, tiny):
+    trainer, before, batches = step_run
+    _, tokenizer = tiny
+    assert trainer.state.global_step == 2 and len(batches) == 1  # two micro-batches of one generation batch
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    output, trajectories = batches[0]["output"], batches[0]["trajectories"]
+    turns = [turn for t in trajectories for turn in t.turns]
+    rows = output["completion_ids"].shape[0]
+    assert rows >= len(turns) and rows % 4 == 0 and rows - len(turns) < 4  # padded to num_generations x micro-batches
+    mask = output["tool_mask"] * output["completion_mask"]
+    assert not mask[len(turns) :].any()  # padding rows stay out of the loss
+    for row, turn in enumerate(turns):
+        n = len(turn.completion_ids)
+        assert output["completion_ids"][row, :n].tolist() == list(turn.completion_ids)
+        assert mask[row, :n].all() and not mask[row, n:].any()
+        prompt = output["prompt_ids"][row][output["prompt_mask"][row].bool()].tolist()
+        assert prompt == list(turn.input_ids)  # the windowed prompt the reply was sampled from
+        assert tokenizer.decode(prompt).count("<|im_start|>user") <= 1 + trainer.args.history_turns
+
+
+def test_step_layout_rows_carry_their_turns_gigpo_advantage(step_run):
+    trainer, _, batches = step_run
+    args = trainer.args
+    output, trajectories = batches[0]["output"], batches[0]["trajectories"]
+    for i, t in enumerate(trajectories):
+        t.group_id = i // args.num_generations
+    steps = step_arrays(trajectories)
+    expected = gigpo_advantages(
+        steps["rewards"], steps["traj_index"], steps["step_index"], steps["traj_groups"], steps["state_keys"],
+        step_weight=args.step_advantage_weight, gamma=args.step_gamma, norm=args.advantage_norm,
+    )["advantages"]
+    assert np.abs(expected).max() > 0
+    mask = (output["tool_mask"] * output["completion_mask"]).bool()
+    for row, value in enumerate(expected):
+        np.testing.assert_allclose(output["advantages"][row][mask[row]].numpy(), value, rtol=1e-5, atol=1e-6)
+    assert not output["advantages"][len(expected) :].any()
+
+
+def test_config_checks_the_layout_and_the_server(tmp_path):
+    with pytest.raises(ValueError, match="sample_layout"):
+        _config(tmp_path, sample_layout="episode")
+    with pytest.raises(ValueError, match="vllm_server_url"):
+        _config(tmp_path, generator="vllm-server")
+    with pytest.raises(ValueError, match="vllm-server"):
+        _config(tmp_path, vllm_server_url="http://127.0.0.1:8000")
+    assert _config(tmp_path, sample_layout="step", history_turns=3).manager_kwargs()["history_turns"] == 3
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_two_processes_normalise_a_group_that_straddles_them(tiny, tmp_path, layout):
+    """Under torchrun with two CPU processes, the loss gets the advantages of the whole batch: a group
+    split between the processes is normalised as one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path, _ = tiny
+    script = Path(__file__).parent / "scripts" / "two_process_step.py"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(path), str(tmp_path), layout]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["world_size"] == 2
+    episodes = ranks[0]["episodes"] + ranks[1]["episodes"]
+    seeds = [e["seed"] for e in episodes]
+    assert len(episodes) == 12 and seeds[4:8] == [seeds[4]] * 4 and ranks[0]["episodes"][-1]["seed"] == ranks[1]["episodes"][0]["seed"]
+    turns = [(i, k) for i, e in enumerate(episodes) for k in range(len(e["rewards"]))]
+    expected = gigpo_advantages(
+        np.array([episodes[i]["rewards"][k] for i, k in turns]),
+        np.array([i for i, _ in turns]),
+        np.array([k for _, k in turns]),
+        np.array([i // 4 for i in range(len(episodes))]),
+        np.array([episodes[i]["state_keys"][k] for i, k in turns], dtype=object),
+        gamma=0.9,
+    )["advantages"]
+    assert np.abs(expected).max() > 0
+    per_turn = dict(zip(turns, expected))
+    got = ranks[0]["advantages"] + ranks[1]["advantages"]
+    if layout == "trajectory":
+        want = [[per_turn[i, k] for k, n in enumerate(e["lengths"]) for _ in range(n)] for i, e in enumerate(episodes)]
+        assert len(got) == len(want)
+    else:
+        want = [[per_turn[i, k]] * episodes[i]["lengths"][k] for i, k in turns]
+        local = [sum(len(e["rewards"]) for e in rank["episodes"]) for rank in ranks]
+        rows = [len(rank["advantages"]) for rank in ranks]
+        assert rows[0] == rows[1] >= max(local)  # both processes padded to the same number of rows
+        got = ranks[0]["advantages"][: local[0]] + ranks[1]["advantages"][: local[1]]
+        assert not any(row for rank, n in zip(ranks, local) for row in rank["advantages"][n:])
+    for row_got, row_want in zip(got, want):
+        np.testing.assert_allclose(row_got, row_want, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------- vLLM

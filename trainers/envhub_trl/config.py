@@ -7,10 +7,11 @@ Environment:
     ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``.
 Batches:
     ``groups_per_step`` (env groups per generation batch), ``group_size`` (= ``num_generations``,
-    members per group, all reset with one seed), ``sample_layout``.
+    members per group, all reset with one seed), ``sample_layout``, ``history_turns``.
 Generation:
-    ``generator`` (``hf`` or ``vllm``), ``max_turn_tokens``; temperature, top-p and top-k are
-    TRL's own fields, used both to sample and to score.
+    ``generator`` (``hf``, ``vllm`` or ``vllm-server``), ``vllm_server_url``, ``generator_kwargs``,
+    ``max_turn_tokens``; temperature, top-p and top-k are TRL's own fields, used both to sample and
+    to score.
 Advantages:
     ``advantage_estimator`` (``grpo`` or ``gigpo``), ``step_advantage_weight`` (ω),
     ``step_gamma`` (γ), ``advantage_norm`` (``mean`` or ``mean_std``).
@@ -30,9 +31,9 @@ from trl import GRPOConfig
 
 ESTIMATORS = ("grpo", "gigpo")
 NORMS = ("mean", "mean_std")
-GENERATORS = ("hf", "vllm")
-#: Sample layouts the trainer accepts: one sample per episode with environment tokens masked out.
-TRAINER_LAYOUTS = ("trajectory",)
+GENERATORS = ("hf", "vllm", "vllm-server")
+#: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
+LAYOUTS = ("trajectory", "step")
 
 
 @dataclass
@@ -68,11 +69,23 @@ class EnvGRPOConfig(GRPOConfig):
     )
     sample_layout: str = field(
         default="trajectory",
-        metadata={"help": "`trajectory`: one sample per episode, turns concatenated, environment tokens masked out of the loss."},
+        metadata={
+            "help": "`trajectory`: one sample per episode, turns concatenated, environment tokens masked out of the loss. "
+            "`step`: one sample per turn, its prompt showing the last `history_turns` turns (verl-agent's layout; "
+            "bounded context for long episodes). A micro-batch then holds the turns of per_device_train_batch_size episodes."
+        },
     )
+    history_turns: int = field(default=2, metadata={"help": "In the step layout, how many earlier turns each prompt shows."})
     generator: str = field(
         default="hf",
-        metadata={"help": "`hf` (transformers generate on the training model) or `vllm` (in-process vLLM, weights synced each optimizer step)."},
+        metadata={
+            "help": "`hf` (transformers generate on the training model), `vllm` (in-process vLLM) or `vllm-server` "
+            "(a `vllm serve` server at vllm_server_url, started with VLLM_SERVER_DEV_MODE=1); vLLM weights are synced "
+            "after every optimizer step."
+        },
+    )
+    vllm_server_url: str | None = field(
+        default=None, metadata={"help": "The `vllm serve` server of generator='vllm-server', e.g. http://127.0.0.1:8000."}
     )
     generator_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for the generator (e.g. vLLM's gpu_memory_utilization)."}
@@ -106,6 +119,8 @@ class EnvGRPOConfig(GRPOConfig):
             "system_prompt": self.system_prompt,
             "instructions": self.instructions,
             "show_legal_actions": self.show_legal_actions,
+            "layout": self.sample_layout,
+            "history_turns": self.history_turns,
         }
 
     def __post_init__(self) -> None:
@@ -118,10 +133,14 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
         if self.generator not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
-        if self.sample_layout not in TRAINER_LAYOUTS:
+        if self.sample_layout not in LAYOUTS:
+            raise ValueError(f"sample_layout must be one of {LAYOUTS}, got {self.sample_layout!r}")
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+        if (self.generator == "vllm-server") != (self.vllm_server_url is not None):
             raise ValueError(
-                f"sample_layout {self.sample_layout!r} is not supported by the trainer; use one of {TRAINER_LAYOUTS} "
-                "(the step layout is available from EnvGroupManager for custom loops)"
+                "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
+                f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"
             )
         if not 0.0 <= self.step_gamma <= 1.0:
             raise ValueError(f"step_gamma must be in [0, 1], got {self.step_gamma}")

@@ -1,9 +1,10 @@
 """Rollouts as TRL batches: what ``rollout_func`` returns, and the per-token advantages of a batch.
 
-TRL's ``GRPOTrainer`` takes one sample per dataset row. Here a row is one episode in the
-trajectory layout: the first prompt, then every reply and the environment's tokens between them
-(``env_mask`` 0 on the latter, so they stay out of the loss). Advantages are computed per turn by
-the estimators of :mod:`envhub_trl.advantages` and spread over each turn's tokens.
+TRL's ``GRPOTrainer`` takes one sample per row. In the trajectory layout a row is one episode: the
+first prompt, then every reply and the environment's tokens between them (``env_mask`` 0 on the
+latter, so they stay out of the loss); in the step layout a row is one turn. Advantages are
+computed per turn by the estimators of :mod:`envhub_trl.advantages` and spread over each turn's
+tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from envhub.error import EnvhubError
-from envhub.rollout import Sample, Trajectory, batch_columns
+from envhub.rollout import Sample, Trajectory
 from envhub_trl.advantages import Norm, gigpo_advantages, grpo_advantages, select_groups
 
 
@@ -22,34 +23,22 @@ class RolloutError(EnvhubError):
     """An episode cannot become a training sample (it failed on reset, or its first prompt is over budget)."""
 
 
-def trl_rollout_output(trajectories: Sequence[Trajectory]) -> tuple[dict[str, list[Any]], list[Sample]]:
-    """The dict a TRL ``rollout_func`` returns for ``trajectories``, and their samples.
-
-    Returns:
-        ``(columns, samples)``: :func:`envhub.rollout.batch_columns` of the samples plus
-        ``episode_return``, one entry per trajectory, in order. ``env_mask`` becomes TRL's
-        ``tool_mask``; the other extra columns reach the reward function :func:`episode_return`.
-
-    Raises:
-        RolloutError: for an episode without a single turn.
-    """
-    samples = []
-    for trajectory in trajectories:
-        if not trajectory.turns:
-            reason = trajectory.error or f"it ended before its first reply ({trajectory.end_reason})"
-            raise RolloutError(
-                f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) has no turn: {reason}; "
-                "raise max_prompt_tokens if the first prompt is over budget"
-            )
-        samples.append(trajectory.sample())
-    output = batch_columns(samples)
-    output["episode_return"] = [t.episode_return for t in trajectories]
-    return output, samples
+def check_has_turns(trajectory: Trajectory) -> None:
+    """Raise :class:`RolloutError` for an episode without a single turn (it cannot be trained on)."""
+    if not trajectory.turns:
+        reason = trajectory.error or f"it ended before its first reply ({trajectory.end_reason})"
+        raise RolloutError(
+            f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) has no turn: {reason}; "
+            "raise max_prompt_tokens if the first prompt is over budget"
+        )
 
 
-def episode_return(prompts: list[Any], completions: list[Any], episode_return: list[float], **kwargs: Any) -> list[float]:
-    """TRL reward function: the episode's return, as the rollout recorded it."""
-    return [float(value) for value in episode_return]
+def episode_return(
+    prompts: list[Any], completions: list[Any], episode_return: list[float | None], **kwargs: Any
+) -> list[float | None]:
+    """TRL reward function: the episode's return, as the rollout recorded it (None on padding rows,
+    which TRL then leaves out of its reward statistics)."""
+    return [None if value is None else float(value) for value in episode_return]
 
 
 def turn_advantages(
@@ -93,8 +82,8 @@ def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray
     """Spread per-turn values over tokens: ``out[i, j] = turn_values[i][samples[i].turn_ids[j]]``.
 
     Args:
-        samples: trajectory-layout samples (``turn_ids`` per completion token).
-        turn_values: per sample, one value per turn.
+        samples: samples of either layout (``turn_ids``: the turn of each completion token).
+        turn_values: per sample, one value per turn of its episode.
         width: the padded completion length; positions past a sample's end get 0.
 
     Returns:

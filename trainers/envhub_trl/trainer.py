@@ -1,23 +1,28 @@
 """``EnvGRPOTrainer``: TRL's GRPO trainer on multi-turn envhub environments, with GRPO or GiGPO advantages.
 
-How a generation batch is made (see ``GRPOTrainer._generate_and_score_completions``, which this
-class wraps):
+How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_score_completions``):
 
 1. The dataset is a column of env seeds; TRL's sampler repeats each row ``num_generations`` times
-   in a row, so each run of equal seeds is one env group. The batch's seeds are kept aside.
-2. TRL calls the rollout function, which resets one environment per row with the row's seed
-   (members of a group share it, hence their initial state) and plays every episode with the
-   generator, through :class:`~envhub.manager.EnvGroupManager`. Each episode becomes one sample
-   whose environment tokens carry ``env_mask`` 0 (TRL's ``tool_mask``: out of the loss).
-3. TRL scores the samples (the reward function returns the episode return) and computes its own
-   episode-level advantages; they are then replaced by per-token ones: the episodes of every
-   process are gathered (a group may straddle processes), each turn's advantage is computed over
-   the whole batch, and each turn's tokens get it. Group filtering masks dropped groups out.
+   in a row, so each run of equal seeds is one env group.
+2. One environment per row is reset with the row's seed (members of a group share it, hence their
+   initial state) and every episode is played with the generator, through
+   :class:`~envhub.manager.EnvGroupManager`.
+3. The episodes of every process are gathered (a group may straddle processes) and each turn's
+   advantage is computed over the whole batch; group filtering marks dropped groups.
+4. The episodes become TRL rows, handed to TRL through its ``rollout_func`` hook: in the
+   ``trajectory`` layout one row per episode, whose environment tokens carry ``env_mask`` 0 (TRL's
+   ``tool_mask``: out of the loss); in the ``step`` layout one row per turn (its windowed prompt
+   and its reply), padded with masked rows to a size TRL can split evenly. Rows of dropped groups
+   are masked too.
+5. TRL scores and batches the rows as usual (old and reference logprobs, metrics, the completions
+   log); its own sequence-level advantages are then replaced by the per-token ones: each turn's
+   tokens get that turn's advantage.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,12 +36,12 @@ from trl import GRPOTrainer
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import Sample, Trajectory, rollout, step_arrays
+from envhub.rollout import Sample, Trajectory, batch_columns, rollout, step_arrays
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
-from envhub_trl.generators import HFGenerator, VLLMGenerator
+from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
 from envhub_trl.metrics import rollout_metrics
-from envhub_trl.rollout_batch import episode_return, token_advantages, trl_rollout_output, turn_advantages
+from envhub_trl.rollout_batch import check_has_turns, episode_return, token_advantages, turn_advantages
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
@@ -57,9 +62,9 @@ class EnvGRPOTrainer(GRPOTrainer):
         callbacks: extra ``TrainerCallback`` objects.
         optimizers: ``(optimizer, scheduler)``, as for ``transformers.Trainer``.
         peft_config: a PEFT config to train an adapter.
-        generator: a generator to sample with instead of ``args.generator`` (a
-            ``VLLMServerGenerator``, say). It samples with whatever weights it holds: keeping them
-            in step with the trained model is the caller's job.
+        generator: a generator to sample with instead of ``args.generator``. If it has a
+            ``load_weights(model)`` method it gets the trained weights after every optimizer step;
+            otherwise it samples with whatever weights it holds.
     """
 
     def __init__(
@@ -99,30 +104,45 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._generator: Generator | None = generator
         self._synced_step = -1
         self._batch_seeds: list[int] = []
-        self._batch: tuple[list[Trajectory], list[Sample]] | None = None
+        self._columns: dict[str, list[Any]] | None = None
 
     # ------------------------------------------------------------------ generation
 
     @property
     def generator(self) -> Generator:
-        """The generator of ``args.generator``, holding the current weights of the trained model."""
+        """The generator of ``args.generator``, holding the current weights of the trained model.
+
+        A generator with its own copy of the weights (one with a ``load_weights(model)`` method:
+        in-process vLLM, a vLLM server) is refreshed once per optimizer step; with a server, only
+        the main process sends the weights, and every process waits for it.
+        """
         model = self.accelerator.unwrap_model(self.model)
-        kwargs = dict(self.args.generator_kwargs or {})
         if self._generator is None:
-            if self.args.generator == "hf":
-                self._generator = HFGenerator(model, self.processing_class, **kwargs)
+            self._generator = self._build_generator(model)
+        if hasattr(self._generator, "load_weights") and self._synced_step != self.state.global_step:
+            if isinstance(self._generator, VLLMServerGenerator):
+                if self.accelerator.is_main_process:
+                    self._generator.load_weights(model)
+                self.accelerator.wait_for_everyone()
             else:
-                folder = Path(self.args.output_dir) / "vllm-initial-weights"
-                model.save_pretrained(folder)
-                self.processing_class.save_pretrained(folder)
-                kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
-                self._generator = VLLMGenerator(folder, seed=self.args.seed, **kwargs)
-                self._synced_step = self.state.global_step
-        if isinstance(self._generator, VLLMGenerator) and self._synced_step != self.state.global_step:
-            # The engine keeps its own copy of the weights: refresh it once per optimizer step.
-            self._generator.load_weights(model)
+                self._generator.load_weights(model)
             self._synced_step = self.state.global_step
         return self._generator
+
+    def _build_generator(self, model: Any) -> Generator:
+        kwargs = dict(self.args.generator_kwargs or {})
+        if self.args.generator == "hf":
+            return HFGenerator(model, self.processing_class, **kwargs)
+        if self.args.generator == "vllm-server":
+            kwargs.setdefault("weights_dir", Path(self.args.output_dir) / "vllm-server-weights")
+            return VLLMServerGenerator(self.args.vllm_server_url, **kwargs)
+        folder = Path(self.args.output_dir) / "vllm-initial-weights"
+        model.save_pretrained(folder)
+        self.processing_class.save_pretrained(folder)
+        kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
+        engine = VLLMGenerator(folder, seed=self.args.seed, **kwargs)
+        self._synced_step = self.state.global_step  # it starts from the current weights
+        return engine
 
     def _manager_for(self, num_rows: int) -> EnvGroupManager:
         # One manager "group" per row: rows of one env group share a seed, so they start alike;
@@ -144,23 +164,24 @@ class EnvGRPOTrainer(GRPOTrainer):
         )
 
     def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
-        """TRL's ``rollout_func``: play this process's rows and return them as samples."""
-        if len(self._batch_seeds) != len(prompts):
-            raise RuntimeError(f"{len(prompts)} prompts for {len(self._batch_seeds)} env seeds; rows must carry env_seed")
-        trajectories = rollout(self._manager_for(len(prompts)), self.generator, self._sampling(), seeds=self._batch_seeds)
-        output, samples = trl_rollout_output(trajectories)
-        self._batch = (trajectories, samples)
-        return output
+        """TRL's ``rollout_func``: the rows this batch's episodes became (played before TRL asks)."""
+        columns = self._columns
+        self._columns = None
+        if columns is None or len(columns["prompt_ids"]) != len(prompts):
+            raise RuntimeError("EnvGRPOTrainer plays its episodes in _generate_and_score_completions; rows must carry env_seed")
+        return columns
 
     # ------------------------------------------------------------------ advantages
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._batch_seeds = [int(row["env_seed"]) for row in inputs]
-        output = super()._generate_and_score_completions(inputs)
-        trajectories, samples = self._batch
-        self._batch = None
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
+        trajectories = rollout(self._manager_for(len(inputs)), self.generator, self._sampling(), seeds=self._batch_seeds)
+        for trajectory in trajectories:
+            check_has_turns(trajectory)
+
+        # Advantages over every process's episodes (a group may straddle processes).
         offset = self.accelerator.process_index * len(trajectories)
         local = [
             dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(trajectories)
@@ -177,17 +198,67 @@ class EnvGRPOTrainer(GRPOTrainer):
         )
         bounds = np.cumsum([0] + [t.num_turns for t in everyone])
         per_turn = [result["advantages"][bounds[offset + i] : bounds[offset + i + 1]] for i in range(len(local))]
-        device = self.accelerator.device
+        keep = result["keep"][offset : offset + len(local)]
+
+        if self.args.sample_layout == "trajectory":
+            rows, samples, row_turns = list(inputs), [t.sample() for t in local], per_turn
+        else:
+            rows, samples, row_turns = self._step_rows(inputs, local, per_turn, mode)
+        columns = batch_columns(samples)
+        row_keep = [bool(keep[s.trajectory_index - offset]) if s.trajectory_index >= 0 else False for s in samples]
+        columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], row_keep)]
+        columns["episode_return"] = [
+            everyone[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples
+        ]
+        self._columns = columns
+        output = super()._generate_and_score_completions(rows)
+
         width = output["completion_ids"].shape[1]
-        output["advantages"] = torch.tensor(token_advantages(samples, per_turn, width), dtype=torch.float32, device=device)
-        keep = torch.tensor(result["keep"][offset : offset + len(local)], device=device)
-        if not result["keep"].all():  # decided on the global batch, so every process joins the gather below
-            output["tool_mask"] = output["tool_mask"] * keep.unsqueeze(1).to(output["tool_mask"].dtype)
-            loss_mask = output["completion_mask"] * output["tool_mask"]
-            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        advantages = token_advantages(samples, row_turns, width)
+        output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
+        self._log_token_advantages(samples, advantages)
         for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size")).items():
             self._metrics[mode][name].append(value)
         return output
+
+    def _step_rows(
+        self, inputs: list[dict[str, Any]], trajectories: list[Trajectory], per_turn: list[np.ndarray], mode: str
+    ) -> tuple[list[dict[str, Any]], list[Sample], list[np.ndarray]]:
+        """The step layout's rows: one per turn of ``trajectories`` (global indices), padded with
+        masked rows (``trajectory_index`` -1).
+
+        Every process gets the same number of rows (TRL gathers rewards row by row), a multiple
+        of ``num_generations`` (TRL groups rewards) and, in training, of ``steps_per_generation``
+        (TRL splits the batch into that many equal micro-batches).
+        """
+        rows, samples, row_turns = [], [], []
+        for i, (trajectory, values) in enumerate(zip(trajectories, per_turn)):
+            for sample in trajectory.step_samples():
+                samples.append(sample)
+                row_turns.append(values)
+                rows.append({**inputs[i], "prompt": self.processing_class.decode(sample.prompt_ids)})
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        multiple = math.lcm(group, self.args.steps_per_generation if mode == "train" else 1)
+        most = int(self.accelerator.gather(torch.tensor([len(samples)], device=self.accelerator.device)).max())
+        target = -(-most // multiple) * multiple
+        filler = samples[0]
+        for _ in range(target - len(samples)):
+            samples.append(dataclasses.replace(filler, env_mask=[0] * len(filler.env_mask), trajectory_index=-1))
+            row_turns.append(np.zeros(1))
+            rows.append(dict(rows[0]))  # TRL writes the rollout's extra columns into each row
+        return rows, samples, row_turns
+
+    def _log_token_advantages(self, samples: list[Sample], advantages: np.ndarray) -> None:
+        """Put the advantages the loss uses in TRL's completions log (mean over each row's model tokens)."""
+        means = []
+        for row, sample in enumerate(samples):
+            mask = np.asarray(sample.env_mask, dtype=bool)
+            means.append(float(advantages[row, : len(mask)][mask].mean()) if mask.any() else 0.0)
+        means = gather_object(means)
+        logged = self._logs["advantages"]
+        for back, value in enumerate(reversed(means), start=1):
+            if back <= len(logged):
+                logged[-back] = value
 
     # ------------------------------------------------------------------ evaluation
 

@@ -15,15 +15,15 @@ import torch
 
 from envhub.generation import ExpertGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
-from envhub.rollout import Sample, rollout
+from envhub.rollout import Sample, rollout, to_samples
 
 
 def expert_samples(tokenizer: Any, env_id: str, seeds: Sequence[int], **manager_kwargs: Any) -> list[Sample]:
-    """The expert's episodes on ``seeds`` as trajectory-layout samples (``manager_kwargs`` go to the manager)."""
+    """The expert's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager)."""
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     with manager:
         trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams(), seeds=list(seeds))
-    return [t.sample() for t in trajectories if t.turns]
+    return to_samples(trajectories)
 
 
 def supervised_steps(
