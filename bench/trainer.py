@@ -6,8 +6,10 @@ FrozenLake episodes (generation turn by turn, environment tokens between turns);
 generates, in one go per prompt, a completion as long as an envhub episode's completion (model
 and environment tokens) from a prompt as long as the episode's first prompt, so the loss sees the
 same number of tokens. A step is TRL's ``step_time``: generation, scoring and the optimizer step.
+The two trainers run in alternating rounds (fresh trainers each round) so that a busy machine
+slows both alike; the ratio is of the medians over every timed step.
 
-    python bench/trainer.py [--episodes 16] [--steps 4]
+    python bench/trainer.py [--episodes 16] [--steps 4] [--rounds 3]
 
 Prints the figures and writes bench/results/trainer.json.
 """
@@ -45,11 +47,11 @@ def step_times(trainer) -> list[float]:
     return [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
 
 
-def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: int, out: str):
+def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: int, out: str, layout: str = "trajectory"):
     config = EnvGRPOConfig(
         output_dir=out, env_id=ENV, max_turns=turns, groups_per_step=episodes // 4, group_size=4,
         per_device_train_batch_size=episodes, max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1,
-        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1,
+        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1, sample_layout=layout,
     )
     trainer = EnvGRPOTrainer(build_model(tokenizer), config, processing_class=tokenizer)
     lengths = []
@@ -111,14 +113,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="Timed steps of each trainer (after one warm-up step).")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--reply-tokens", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the trainers.")
     args = parser.parse_args()
     torch.manual_seed(0)
     tokenizer = build_tokenizer(environment_corpus([ENV], seeds=4))
+    ours, plain, step_layout, lengths = [], [], [], []
     with tempfile.TemporaryDirectory() as out:
-        ours, lengths = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
-        prompt_len = int(round(np.mean([p for p, _ in lengths])))
-        completion_len = int(round(np.mean([c for _, c in lengths])))
-        plain = plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
+        for _ in range(args.rounds):
+            times, measured = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
+            ours += times
+            lengths += measured
+            prompt_len = int(round(np.mean([p for p, _ in lengths])))
+            completion_len = int(round(np.mean([c for _, c in lengths])))
+            plain += plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
+            step_layout += envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out, "step")[0]
     batch = gigpo_batch(16_384)
     gigpo_s = best_of(lambda: gigpo_advantages(**batch))
     returns = np.bincount(batch["traj_index"], weights=batch["rewards"])
@@ -134,6 +142,9 @@ def main() -> None:
         "envhub_step_s": statistics.median(ours),
         "plain_trl_step_s": statistics.median(plain),
         "step_ratio_envhub_over_plain": statistics.median(ours) / statistics.median(plain),
+        "envhub_step_layout_step_s": statistics.median(step_layout),
+        "step_layout_over_trajectory": statistics.median(step_layout) / statistics.median(ours),
+        "timed_steps_each": len(ours),
         "gigpo_16k_steps_ms": gigpo_s * 1000,
         "grpo_16k_steps_ms": grpo_s * 1000,
         "gigpo_over_grpo": gigpo_s / grpo_s,

@@ -69,9 +69,9 @@ class HalfExpert:
         return out
 
 
-@pytest.fixture(scope="module")
-def run(tiny, tmp_path_factory):
-    """A 2-step GiGPO run; returns the trainer, the weights before, and every batch the loss saw."""
+def spied_run(tiny, config: EnvGRPOConfig):
+    """Train on the tiny model with the half-expert generator; return the trainer, the weights
+    before, and every generation batch as the loss saw it (with its episodes and seeds)."""
     from transformers import AutoModelForCausalLM
 
     from envhub_trl.trainer import EnvGRPOTrainer
@@ -87,10 +87,15 @@ def run(tiny, tmp_path_factory):
             batches.append({"output": output, "trajectories": list(self._manager.trajectories()), "seeds": list(self._batch_seeds)})
             return output
 
-    config = _config(tmp_path_factory.mktemp("run"), format_penalty=-0.1, step_gamma=0.9, max_turns=7)
     trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
     trainer.train()
     return trainer, before, batches
+
+
+@pytest.fixture(scope="module")
+def run(tiny, tmp_path_factory):
+    """A 2-step GiGPO run in the trajectory layout."""
+    return spied_run(tiny, _config(tmp_path_factory.mktemp("run"), format_penalty=-0.1, step_gamma=0.9, max_turns=7))
 
 
 # ---------------------------------------------------------------------------------------- config
@@ -200,18 +205,22 @@ def test_rows_of_a_group_share_a_seed_and_an_initial_state(run):
         assert (first == first[:, :1]).all()
 
 
+def expected_gigpo(trajectories, args) -> np.ndarray:
+    """GiGPO's per-turn advantages of one process's batch, groups of ``num_generations`` rows in order."""
+    for i, t in enumerate(trajectories):
+        t.group_id = i // args.num_generations
+    steps = step_arrays(trajectories)
+    return gigpo_advantages(
+        steps["rewards"], steps["traj_index"], steps["step_index"], steps["traj_groups"], steps["state_keys"],
+        step_weight=args.step_advantage_weight, gamma=args.step_gamma, norm=args.advantage_norm,
+    )["advantages"]
+
+
 def test_the_loss_sees_per_token_gigpo_advantages(run):
     trainer, _, batches = run
-    args = trainer.args
     for batch in batches:
         output, trajectories = batch["output"], batch["trajectories"]
-        for i, t in enumerate(trajectories):
-            t.group_id = i // args.num_generations
-        steps = step_arrays(trajectories)
-        expected = gigpo_advantages(
-            steps["rewards"], steps["traj_index"], steps["step_index"], steps["traj_groups"], steps["state_keys"],
-            step_weight=args.step_advantage_weight, gamma=args.step_gamma, norm=args.advantage_norm,
-        )["advantages"]
+        expected = expected_gigpo(trajectories, trainer.args)
         assert output["advantages"].dim() == 2
         bounds = np.cumsum([0] + [t.num_turns for t in trajectories])
         for row, trajectory in enumerate(trajectories):
@@ -273,29 +282,12 @@ def test_completions_log_shows_the_advantages_the_loss_used(run):
 @pytest.fixture(scope="module")
 def step_run(tiny, tmp_path_factory):
     """One generation batch in the step layout, trained as two micro-batches (two optimizer steps)."""
-    from transformers import AutoModelForCausalLM
-
-    from envhub_trl.trainer import EnvGRPOTrainer
-
-    path, tokenizer = tiny
-    model = AutoModelForCausalLM.from_pretrained(path)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    batches = []
-
-    class Spy(EnvGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            batches.append({"output": output, "trajectories": list(self._manager.trajectories())})
-            return output
-
     config = _config(
         tmp_path_factory.mktemp("step-run"), sample_layout="step", history_turns=1, max_turns=6, per_device_train_batch_size=4,
         format_penalty=-0.1, step_gamma=0.9,
     )
     assert config.steps_per_generation == 2
-    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
-    trainer.train()
-    return trainer, before, batches
+    return spied_run(tiny, config)
 
 
 def test_step_layout_trains_one_row_per_turn(step_run, tiny):
@@ -320,15 +312,8 @@ def test_step_layout_trains_one_row_per_turn(step_run, tiny):
 
 def test_step_layout_rows_carry_their_turns_gigpo_advantage(step_run):
     trainer, _, batches = step_run
-    args = trainer.args
     output, trajectories = batches[0]["output"], batches[0]["trajectories"]
-    for i, t in enumerate(trajectories):
-        t.group_id = i // args.num_generations
-    steps = step_arrays(trajectories)
-    expected = gigpo_advantages(
-        steps["rewards"], steps["traj_index"], steps["step_index"], steps["traj_groups"], steps["state_keys"],
-        step_weight=args.step_advantage_weight, gamma=args.step_gamma, norm=args.advantage_norm,
-    )["advantages"]
+    expected = expected_gigpo(trajectories, trainer.args)
     assert np.abs(expected).max() > 0
     mask = (output["tool_mask"] * output["completion_mask"]).bool()
     for row, value in enumerate(expected):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 import envhub
@@ -65,7 +65,15 @@ def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 1024)
         vocab_size: the vocabulary size (specials and the 256 byte symbols included).
     """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Every digit and punctuation character is a token of its own (as Llama 3 and Qwen split
+    # digits): a text grid such as FrozenLake's "O__G" or Sokoban's "#_X#" becomes one token
+    # per cell, so a cell's neighbours sit at fixed token distances.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[^\s\p{L}]"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -53,9 +53,14 @@ def _load_model(name: str, env_id: str, seed: int) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
 
 
-def _evaluate(trainer: Any) -> dict[str, dict[str, float]]:
-    """Held-out metrics of the greedy policy and of the policy sampled as in training."""
-    return {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
+def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
+    """Held-out metrics of the greedy policy and of the policy sampled as in training (echoed to stderr)."""
+    metrics = {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
+    click.echo(
+        f"held-out success, {stage}: {metrics['greedy']['success_rate']:.1%} greedy, {metrics['sampled']['success_rate']:.1%} sampled",
+        err=True,
+    )
+    return metrics
 
 
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
@@ -103,17 +108,17 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     try:
         model, tokenizer = _load_model(model_name, args.env_id, args.seed)
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
-        evaluations = {STAGES[0]: _evaluate(trainer)}
+        evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
         if warm_start_steps:
             samples = expert_samples(tokenizer, args.env_id, range(warm_start_episodes), **args.manager_kwargs())
-            click.echo(f"warm start: {warm_start_steps} supervised steps on {len(samples)} expert episodes", err=True)
+            click.echo(f"warm start: {warm_start_steps} supervised steps on {warm_start_episodes} expert episodes ({len(samples)} samples)", err=True)
             supervised_steps(
                 model, samples, warm_start_steps, learning_rate=warm_start_lr, pad_id=tokenizer.pad_token_id, seed=args.seed
             )
-            evaluations[STAGES[1]] = _evaluate(trainer)
+            evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
         trainer.train()
-        evaluations[STAGES[2]] = _evaluate(trainer)
+        evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(output_dir)
@@ -122,17 +127,6 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     start_key = STAGES[1] if warm_start_steps else STAGES[0]
     end = trainer.state.global_step
     how = f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
-    curve = plot_learning_curve(
-        trainer.state.log_history,
-        out / "learning_curve.png",
-        {
-            "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
-            f"held-out, sampled ({how})": {
-                before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
-            },
-        },
-        title=f"{args.env_id}, {args.advantage_estimator}",
-    )
     gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
     seconds = time.perf_counter() - started
     results = {
@@ -154,5 +148,17 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     click.echo(
         f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
         f"{gain['sampled'] * 100:+.1f} points of sampled success"
+    )
+    # Drawn last: the figures above are on screen and in results.json whatever happens to plotting.
+    curve = plot_learning_curve(
+        trainer.state.log_history,
+        out / "learning_curve.png",
+        {
+            "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
+            f"held-out, sampled ({how})": {
+                before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
+            },
+        },
+        title=f"{args.env_id}, {args.advantage_estimator}",
     )
     click.echo(f"learning curve: {curve}\nmodel: {out / 'final'}\ntotal time: {seconds / 60:.1f} min")
