@@ -430,7 +430,7 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
 
     config = tmp_path / "run.yaml"
     config.write_text(
-        "max_turns: 3\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
+        "max_turns: 8\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
         "max_turn_tokens: 6\neval_episodes: 4\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
         "instructions: Move P to G.\n"
     )
@@ -447,6 +447,9 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
     assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
+    references = results["references"]
+    assert references["expert"] == 1.0 and 0.0 <= references["random policy"] < 1.0  # the expert wins every map in 8 turns
+    assert f"reference policies on the same seeds: random policy {references['random policy']:.1%}, expert 100.0%" in result.output
 
 
 def test_train_command_rejects_unknown_config_fields(tmp_path):

@@ -63,6 +63,22 @@ def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
     return metrics
 
 
+def _references(args: Any, tokenizer: Any) -> dict[str, float]:
+    """Success of the random and expert policies on the same held-out seeds (the scale of the table)."""
+    from envhub.generation import ExpertGenerator, RandomGenerator, SamplingParams
+    from envhub_trl.evaluation import evaluate_generator, held_out_seeds
+
+    seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
+    out = {}
+    for name, generator in (("random policy", RandomGenerator(seed=args.seed, tokenizer=tokenizer)), ("expert", ExpertGenerator(tokenizer))):
+        try:
+            metrics = evaluate_generator(generator, tokenizer, args.env_id, seeds, SamplingParams(), **args.manager_kwargs())
+        except EnvhubError:  # no expert, or no finite action list for the random policy
+            continue
+        out[name] = metrics["success_rate"]
+    return out
+
+
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
     greedy, sampled = metrics["greedy"], metrics["sampled"]
     return [
@@ -119,6 +135,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         before_rl = trainer.state.global_step
         trainer.train()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
+        references = _references(args, tokenizer)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(output_dir)
@@ -135,6 +152,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         "held_out_episodes": args.eval_episodes,
         "held_out_seed_offset": args.eval_seed_offset,
         "evaluations": evaluations,
+        "references": references,
         "rl_success_gain": gain,
         "rl_steps": trainer.state.global_step,
         "warm_start_steps": warm_start_steps,
@@ -145,6 +163,8 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled ({how})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
     click.echo(table([_row(stage, m) for stage, m in evaluations.items()], headers))
+    if references:
+        click.echo("\nreference policies on the same seeds: " + ", ".join(f"{name} {rate:.1%}" for name, rate in references.items()))
     click.echo(
         f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
         f"{gain['sampled'] * 100:+.1f} points of sampled success"
