@@ -267,8 +267,11 @@ def test_a_person_can_shop_in_headless_chromium(server, shop, browser, tmp_path)
 
 def test_envhub_webshop_serve_runs_until_interrupted(tmp_path):
     script = Path(sys.executable).with_name("envhub")
+    # SIGINT back to its default in the child: under a non-interactive shell's `cmd &` the test run
+    # inherits SIGINT ignored, and so would the server (Python then installs no KeyboardInterrupt).
     proc = subprocess.Popen([str(script), "webshop", "serve", "--port", "0", "--split", "eval"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         banner = [proc.stdout.readline(), proc.stdout.readline()]
         assert "1000 products, 1000 eval goals" in banner[0], banner
