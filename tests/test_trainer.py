@@ -18,13 +18,13 @@ pytest.importorskip("trl")
 
 from click.testing import CliRunner  # noqa: E402
 
-from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams  # noqa: E402
+from envhub.generation import ExpertGenerator, Prompt, SamplingParams  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout, step_arrays  # noqa: E402
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
-from envhub_trl.generators import HFGenerator  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
+from trl_helpers import HalfExpert  # noqa: E402
 from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
@@ -50,23 +50,6 @@ def tiny(tmp_path_factory):
     build_model(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path, tokenizer
-
-
-class HalfExpert:
-    """The tiny model on even prompts, the expert on odd ones."""
-
-    uses_expert = True
-
-    def __init__(self, model, tokenizer):
-        self.hf = HFGenerator(model, tokenizer)
-        self.expert = ExpertGenerator(tokenizer=tokenizer)
-
-    def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
-        model = self.hf.generate(prompts[0::2], sampling)
-        expert = self.expert.generate(prompts[1::2], sampling)
-        out = [None] * len(prompts)
-        out[0::2], out[1::2] = model, expert
-        return out
 
 
 def spied_run(tiny, config: EnvGRPOConfig):

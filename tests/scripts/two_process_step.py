@@ -13,24 +13,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from envhub.generation import ExpertGenerator
 from envhub_trl.config import EnvGRPOConfig
-from envhub_trl.generators import HFGenerator
 from envhub_trl.trainer import EnvGRPOTrainer
 
-
-class HalfExpert:
-    """The tiny model on even prompts, the expert on odd ones (so groups have signal)."""
-
-    uses_expert = True
-
-    def __init__(self, model, tokenizer):
-        self.hf, self.expert = HFGenerator(model, tokenizer), ExpertGenerator(tokenizer=tokenizer)
-
-    def generate(self, prompts, sampling):
-        out = [None] * len(prompts)
-        out[0::2], out[1::2] = self.hf.generate(prompts[0::2], sampling), self.expert.generate(prompts[1::2], sampling)
-        return out
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for the shared generator
+from trl_helpers import HalfExpert  # noqa: E402
 
 
 def main(model_path: str, out: str, layout: str) -> None:

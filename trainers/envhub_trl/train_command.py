@@ -63,19 +63,17 @@ def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
     return metrics
 
 
-def _references(args: Any, tokenizer: Any) -> dict[str, float]:
+def _references(trainer: Any) -> dict[str, float]:
     """Success of the random and expert policies on the same held-out seeds (the scale of the table)."""
-    from envhub.generation import ExpertGenerator, RandomGenerator, SamplingParams
-    from envhub_trl.evaluation import evaluate_generator, held_out_seeds
+    from envhub.generation import ExpertGenerator, RandomGenerator
 
-    seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
+    tokenizer = trainer.processing_class
     out = {}
-    for name, generator in (("random policy", RandomGenerator(seed=args.seed, tokenizer=tokenizer)), ("expert", ExpertGenerator(tokenizer))):
+    for name, generator in (("random policy", RandomGenerator(seed=trainer.args.seed, tokenizer=tokenizer)), ("expert", ExpertGenerator(tokenizer))):
         try:
-            metrics = evaluate_generator(generator, tokenizer, args.env_id, seeds, SamplingParams(), **args.manager_kwargs())
+            out[name] = trainer.evaluate_env(generator=generator)["success_rate"]
         except EnvhubError:  # no expert, or no finite action list for the random policy
             continue
-        out[name] = metrics["success_rate"]
     return out
 
 
@@ -135,7 +133,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         before_rl = trainer.state.global_step
         trainer.train()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
-        references = _references(args, tokenizer)
+        references = _references(trainer)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(output_dir)

@@ -262,10 +262,14 @@ class EnvGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate_env(self, seeds: list[int] | None = None, greedy: bool = True) -> dict[str, float]:
+    def evaluate_env(
+        self, seeds: list[int] | None = None, greedy: bool = True, generator: Generator | None = None
+    ) -> dict[str, float]:
         """Success of the current model on held-out seeds (``args.eval_episodes`` from
         ``args.eval_seed_offset`` by default), greedy or sampled as in training (seeded with
-        ``args.seed``, so reruns repeat); returns :func:`envhub.rollout.batch_metrics`."""
+        ``args.seed``, so reruns repeat); returns :func:`envhub.rollout.batch_metrics`.
+
+        ``generator`` plays instead of the model (a reference policy on the same seeds)."""
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
@@ -276,4 +280,5 @@ class EnvGRPOTrainer(GRPOTrainer):
             top_k=args.top_k or 0,
             seed=args.seed,
         )
-        return evaluate_generator(self.generator, self.processing_class, args.env_id, seeds, sampling, **args.manager_kwargs())
+        generator = generator if generator is not None else self.generator
+        return evaluate_generator(generator, self.processing_class, args.env_id, seeds, sampling, **args.manager_kwargs())
