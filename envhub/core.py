@@ -89,6 +89,8 @@ class TextEnv(gymnasium.Env[str, str]):
     - ``parse_action(action)``: how a text action maps to a legal one (default: case- and
       whitespace-insensitive match against ``valid_actions()``).
     - ``render_rgb()``: a picture of the state, for ``render_mode="rgb_array"``.
+    - ``optimal_success_probability()``: the physical limit of the episode, where it is known
+      (``envhub.baselines`` reports its mean over seeds as the ``optimal`` reference).
 
     ``max_turns`` (set by :func:`envhub.make` from the registration) truncates episodes.
     """
@@ -208,6 +210,14 @@ class TextEnv(gymnasium.Env[str, str]):
 
     def expert_action(self) -> str | None:
         """Return an oracle's next action, or None where the environment has no oracle."""
+        return None
+
+    def optimal_success_probability(self) -> float | None:
+        """Return the highest probability any policy has of succeeding in this episode, from its
+        initial state under the turn limit, or None where the environment does not know it.
+
+        Optional: call it after ``reset``; the default knows nothing.
+        """
         return None
 
     def state_key(self) -> str:

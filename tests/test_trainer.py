@@ -431,8 +431,19 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
     assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
     references = results["references"]
+    assert list(references) == ["random policy", "open-loop", "expert", "optimal"]
     assert references["expert"] == 1.0 and 0.0 <= references["random policy"] < 1.0  # the expert wins every map in 8 turns
-    assert f"reference policies on the same seeds: random policy {references['random policy']:.1%}, expert 100.0%" in result.output
+    assert results["open_loop_exhaustive"] is True and 1 <= len(results["open_loop_actions"]) <= 8
+    rows = [line.split() for line in result.output.splitlines()]
+    assert ["random", "policy", f"{references['random policy']:.1%}", f"{references['random policy']:.1%}", "-", "-", "-"] in rows
+    assert ["open-loop", f"{references['open-loop']:.1%}", f"{references['open-loop']:.1%}", "-", "-", "-"] in rows
+    after_rl = results["evaluations"]["after RL"]
+    gain = {mode: after_rl[mode]["success_rate"] - references["open-loop"] for mode in ("greedy", "sampled")}
+    assert results["gain_over_open_loop"] == pytest.approx(gain)
+    assert (
+        f"learned policy over the best open-loop policy ({references['open-loop']:.1%}): "
+        f"{gain['greedy'] * 100:+.1f} points greedy, {gain['sampled'] * 100:+.1f} points sampled"
+    ) in result.output
 
 
 def test_train_command_rejects_unknown_config_fields(tmp_path):

@@ -336,7 +336,10 @@ def test_eval_command_prints_json(cli, tiny_path):
     result = CliRunner().invoke(cli, ["eval", "frozenlake/FrozenLake-v0", "--model", str(tiny_path), "--episodes", "3", "--max-turns", "2", "--max-new-tokens", "8", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(report) == {"env_id", "episodes", "success_rate", "mean_return", "invalid_action_rate", "mean_turns"}
+    assert set(report) == {
+        "env_id", "episodes", "success_rate", "mean_return", "invalid_action_rate", "mean_turns",
+        "references", "open_loop_actions", "open_loop_exhaustive",
+    }
     assert report["episodes"] == 3 and 0.0 <= report["success_rate"] <= 1.0 and 1.0 <= report["mean_turns"] <= 2.0
 
 

@@ -88,6 +88,7 @@ class SokobanEnv(DiscreteTextEnv):
         self.fixed_level = self._parse(level) if level is not None else None
         self.board: Board | None = None
         self.optimal_length: int | None = None
+        self._solver_gave_up = False
         self._oracle: Oracle | None = None
         self._grid = ""
         self.instructions = (
@@ -111,14 +112,16 @@ class SokobanEnv(DiscreteTextEnv):
         if board is None:
             level = generate_level(self.np_random, **self.generation)
             self.board, self.optimal_length = level.board, level.optimal_length
+            self._solver_gave_up = False
             self._oracle = Oracle(level.board, level.table)
         else:
             self.board = board
             self._oracle = Oracle(board)
+            self._solver_gave_up = False
             try:
                 path = self._oracle.solve(board)
             except SearchLimit:
-                path = None
+                path, self._solver_gave_up = None, True
             self.optimal_length = None if path is None else len(path)
         self._grid = self.board.to_text(self.legend)
         return self._grid, {"optimal_length": self.optimal_length, "num_boxes": self.board.num_boxes}
@@ -156,6 +159,16 @@ class SokobanEnv(DiscreteTextEnv):
         """
         action = self._oracle.action(self.board) if self._oracle is not None else None
         return action if action is not None else ACTIONS[0]
+
+    def optimal_success_probability(self) -> float | None:
+        """1.0 when the level's optimal solution fits the turn limit (generated levels always
+        do: they are solvable in at most ``search_depth`` steps), 0.0 when it does not or the
+        level cannot be solved, None when the solver gave up on a given level."""
+        if self._solver_gave_up:
+            return None
+        if self.optimal_length is None:
+            return 0.0
+        return float(self.max_turns is None or self.optimal_length <= self.max_turns)
 
     # ------------------------------------------------------------------ helpers
 

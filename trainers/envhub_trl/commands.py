@@ -44,6 +44,7 @@ def _finished_counter(bar: Any, manager: EnvGroupManager) -> Callable[[EnvGroupM
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Longest reply.")
 @click.option("--max-prompt-tokens", default=3072, show_default=True, type=click.IntRange(min=1), help="Context budget; longer episodes end truncated.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--no-references", is_flag=True, help="Skip the reference policies (random, open-loop, expert, optimal).")
 def eval_command(
     env_id: str,
     model_path: str,
@@ -55,8 +56,10 @@ def eval_command(
     max_new_tokens: int,
     max_prompt_tokens: int,
     as_json: bool,
+    no_references: bool,
 ) -> None:
-    """Play EPISODES episodes of ENV_ID with a model and report its success rate."""
+    """Play EPISODES episodes of ENV_ID with a model and report its success rate, with the
+    reference policies' on the same seeds (see envhub.baselines)."""
     from envhub_trl.generators import make_generator
 
     try:
@@ -79,11 +82,42 @@ def eval_command(
         "invalid_action_rate": metrics["invalid_action_rate"],
         "mean_turns": metrics["mean_turns"],
     }
+    extra = {} if no_references else _references(env_id, episodes, seed, max_turns)
     if as_json:
-        click.echo(json.dumps(report))
+        click.echo(json.dumps({**report, **extra}))
         return
     for key, value in report.items():
         click.echo(f"{key:<20} {value:.3f}" if isinstance(value, float) else f"{key:<20} {value}")
+    if extra.get("references"):
+        click.echo("\nreference policies on the same seeds (success rate):")
+        for name, rate in extra["references"].items():
+            click.echo(f"{name:<20} {rate:.3f}")
+    if extra.get("open_loop_actions") is not None:
+        search = "exhaustive search" if extra["open_loop_exhaustive"] else "beam search, a lower estimate"
+        click.echo(f"open-loop sequence   {', '.join(extra['open_loop_actions'])} ({search})")
+
+
+def _references(env_id: str, episodes: int, seed: int, max_turns: int | None) -> dict[str, Any]:
+    """The reference policies on the seeds ``eval`` played (``group_seeds(seed, 0, episodes)``)."""
+    from envhub.baselines import best_open_loop, reference_policies
+    from envhub.error import PolicyError
+    from envhub.manager import group_seeds
+
+    seeds = group_seeds(seed, 0, episodes)
+    click.echo("reference policies on the same seeds...", err=True)
+    try:
+        open_loop = best_open_loop(env_id, seeds, max_turns)
+    except PolicyError:
+        open_loop = None
+    try:
+        references = reference_policies(env_id, seeds, max_turns=max_turns, seed=seed, open_loop=open_loop)
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from exc
+    return {
+        "references": references,
+        "open_loop_actions": None if open_loop is None else list(open_loop.actions),
+        "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
+    }
 
 
 @click.command("export-sft")

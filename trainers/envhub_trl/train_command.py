@@ -63,18 +63,31 @@ def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
     return metrics
 
 
-def _references(trainer: Any) -> dict[str, float]:
-    """Success of the random and expert policies on the same held-out seeds (the scale of the table)."""
-    from envhub.generation import ExpertGenerator, RandomGenerator
+def _references(trainer: Any) -> tuple[dict[str, float], Any]:
+    """The reference policies on the same held-out seeds (the scale of the table, see
+    :func:`envhub.baselines.reference_policies`), and the open-loop search behind one of them
+    (None where the env has no finite action list). Random and expert play through
+    ``evaluate_env``, under the training prompt settings."""
+    from envhub.baselines import best_open_loop, reference_policies
+    from envhub.error import PolicyError
+    from envhub_trl.evaluation import held_out_seeds
 
-    tokenizer = trainer.processing_class
-    out = {}
-    for name, generator in (("random policy", RandomGenerator(seed=trainer.args.seed, tokenizer=tokenizer)), ("expert", ExpertGenerator(tokenizer))):
-        try:
-            out[name] = trainer.evaluate_env(generator=generator)["success_rate"]
-        except EnvhubError:  # no expert, or no finite action list for the random policy
-            continue
-    return out
+    args = trainer.args
+    seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
+    searched = time.perf_counter()
+    try:
+        open_loop = best_open_loop(args.env_id, seeds, args.max_turns, args.env_kwargs)
+    except PolicyError:
+        open_loop = None
+    else:
+        how = "exhaustive" if open_loop.exhaustive else f"beam of {open_loop.beam_width}"
+        click.echo(f"open-loop search: {open_loop.joint_states} joint states ({how}) in {time.perf_counter() - searched:.1f}s", err=True)
+    references = reference_policies(
+        args.env_id, seeds, max_turns=args.max_turns, env_kwargs=args.env_kwargs, seed=args.seed,
+        tokenizer=trainer.processing_class, open_loop=open_loop,
+        play=lambda generator: trainer.evaluate_env(seeds, generator=generator)["success_rate"],
+    )
+    return references, open_loop
 
 
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
@@ -133,7 +146,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         before_rl = trainer.state.global_step
         trainer.train()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
-        references = _references(trainer)
+        references, open_loop = _references(trainer)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(output_dir)
@@ -143,6 +156,9 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     end = trainer.state.global_step
     how = f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
     gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
+    over_open_loop = None if open_loop is None else {
+        mode: evaluations[STAGES[2]][mode]["success_rate"] - open_loop.success_rate for mode in ("greedy", "sampled")
+    }
     seconds = time.perf_counter() - started
     results = {
         "env_id": args.env_id,
@@ -151,7 +167,10 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         "held_out_seed_offset": args.eval_seed_offset,
         "evaluations": evaluations,
         "references": references,
+        "open_loop_actions": None if open_loop is None else list(open_loop.actions),
+        "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
         "rl_success_gain": gain,
+        "gain_over_open_loop": over_open_loop,
         "rl_steps": trainer.state.global_step,
         "warm_start_steps": warm_start_steps,
         "seconds": seconds,
@@ -160,13 +179,20 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     (out / "results.json").write_text(json.dumps(results, indent=2))
     click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled ({how})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
-    click.echo(table([_row(stage, m) for stage, m in evaluations.items()], headers))
-    if references:
-        click.echo("\nreference policies on the same seeds: " + ", ".join(f"{name} {rate:.1%}" for name, rate in references.items()))
+    rows = [_row(stage, m) for stage, m in evaluations.items()]
+    rows += [[name, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for name, rate in references.items()]
+    click.echo(table(rows, headers))
+    if open_loop is not None:
+        click.echo(f"\nopen-loop: {open_loop.describe()}")
     click.echo(
         f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
         f"{gain['sampled'] * 100:+.1f} points of sampled success"
     )
+    if over_open_loop is not None:
+        click.echo(
+            f"learned policy over the best open-loop policy ({open_loop.success_rate:.1%}): "
+            f"{over_open_loop['greedy'] * 100:+.1f} points greedy, {over_open_loop['sampled'] * 100:+.1f} points sampled"
+        )
     # Drawn last: the figures above are on screen and in results.json whatever happens to plotting.
     curve = plot_learning_curve(
         trainer.state.log_history,
