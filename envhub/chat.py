@@ -10,6 +10,10 @@ template's rendering of the *new* messages is appended, computed as the differen
 renderings of a fixed reference conversation. The sampled ids stay exactly as sampled, and when
 they are the canonical tokenisation of the reply, the concatenation equals the template's own
 rendering of the whole conversation.
+
+:func:`end_of_turn_ids` reads from the same template which tokens end a reply (``<|im_end|>`` in
+ChatML), since a tokenizer's ``eos_token`` is often another token (``<|endoftext|>`` in Qwen2.5's
+base models, ``<|im_start|>`` in SmolLM2's GGUF); generators stop replies on :func:`stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,64 @@ from envhub.error import EnvhubError
 
 class ChatTemplateError(EnvhubError):
     """A tokenizer's chat template cannot be continued turn by turn (it rewrites earlier turns)."""
+
+
+_MARK = "\x00envhub-reply\x00"
+_REFERENCE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK})
+
+
+def _render_reference(tokenizer: Any) -> tuple[str, str]:
+    """The template's rendering of a reference conversation ending in a reply, and what it writes after that reply."""
+    rendered = tokenizer.apply_chat_template(list(_REFERENCE), tokenize=False, add_generation_prompt=False)
+    end = rendered.rfind(_MARK)
+    if end < 0:
+        raise ChatTemplateError("the chat template drops the assistant's reply; it cannot be used for multi-turn rollouts")
+    return rendered, rendered[end + len(_MARK) :]
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    eos = tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, list) else [] if eos is None else [eos]
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    """Ids of the tokenizer's special tokens, added ones marked special included (they may be missing
+    from ``all_special_ids``: SmolLM2's GGUF tokenizer lists ``<|im_end|>`` only there)."""
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special.update(i for i, token in added.items() if getattr(token, "special", False))
+    return special
+
+
+def _leading_special(tokenizer: Any, turn_end: str) -> list[int]:
+    ids = list(tokenizer.encode(turn_end, add_special_tokens=False)) if turn_end else []
+    special = _special_ids(tokenizer)
+    leading = []
+    for token in ids:
+        if token not in special:
+            break
+        leading.append(int(token))
+    return leading or _eos_ids(tokenizer)
+
+
+def end_of_turn_ids(tokenizer: Any) -> list[int]:
+    """The token ids that end a reply's turn, read from the tokenizer's chat template.
+
+    They are the special tokens the template writes right after a reply's content (``<|im_end|>``
+    in ChatML, ``<|eot_id|>`` in Llama 3, ``<end_of_turn>`` in Gemma); a model that ends its turn
+    samples the first. The tokenizer's ``eos_token`` is not used, since it is often another token.
+    Where the template writes no special token after a reply, the eos ids are returned.
+
+    Raises:
+        ChatTemplateError: if the template drops the assistant's reply.
+    """
+    return _leading_special(tokenizer, _render_reference(tokenizer)[1])
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """The token ids a generator stops a reply at: :func:`end_of_turn_ids`, then the tokenizer's eos ids."""
+    ids = end_of_turn_ids(tokenizer)
+    return ids + [i for i in _eos_ids(tokenizer) if i not in ids]
 
 
 class ChatRenderer:
@@ -70,7 +132,7 @@ class ChatTokens:
 
     Args:
         tokenizer: a tokenizer with a chat template (``apply_chat_template``, ``encode``,
-            ``eos_token_id``, ``decode``).
+            ``eos_token_id``, ``decode``; ``added_tokens_decoder`` to tell special tokens).
         cache_size: how many encoded texts to remember (the memory is emptied when full).
 
     Raises:
@@ -78,23 +140,16 @@ class ChatTokens:
             appended (such templates cannot be continued token-exactly).
     """
 
-    _MARK = "\x00envhub-reply\x00"
-    _REFERENCE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
-
     def __init__(self, tokenizer: Any, cache_size: int = 8192):
         self.tokenizer = tokenizer
         self.cache_size = cache_size
         self._encoded: dict[str, tuple[int, ...]] = {}
-        self._reference = [*self._REFERENCE, {"role": "assistant", "content": self._MARK}]
-        rendered = self._render(self._reference, generation_prompt=False)
-        end = rendered.rfind(self._MARK)
-        if end < 0:
-            raise ChatTemplateError("the chat template drops the assistant's reply; it cannot be used for multi-turn rollouts")
-        self._reference_text = rendered
+        self._reference = list(_REFERENCE)
         #: What the template writes after a reply's content (e.g. ``<|im_end|>\n``).
-        self.turn_end = rendered[end + len(self._MARK) :]
-        eos = tokenizer.eos_token_id
-        self._eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._reference_text, self.turn_end = _render_reference(tokenizer)
+        #: The tokens that end a reply's turn (:func:`end_of_turn_ids`).
+        self.end_of_turn_ids = _leading_special(tokenizer, self.turn_end)
+        self._stop_ids = set(self.end_of_turn_ids) | set(_eos_ids(tokenizer))
 
     def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
@@ -128,7 +183,7 @@ class ChatTokens:
                 "use the step layout or a template that only appends"
             )
         tail = self.turn_end
-        if finish_reason == "stop" and completion_ids and completion_ids[-1] in self._eos_ids:
+        if finish_reason == "stop" and completion_ids and completion_ids[-1] in self._stop_ids:
             sampled_end = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
             if tail.startswith(sampled_end):
                 tail = tail[len(sampled_end) :]

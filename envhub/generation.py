@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from envhub.chat import end_of_turn_ids
 from envhub.core import TextEnv
 from envhub.error import PolicyError
 
@@ -202,20 +203,22 @@ class _ActionGenerator:
 
     def __init__(self, tokenizer: Any | None = None):
         self.tokenizer = tokenizer
+        self._turn_end: list[int] | None = None
 
     def _action(self, prompt: Prompt) -> str:
         raise NotImplementedError
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
-        """Return one reply per prompt, tokenised (with the end-of-sequence token) if a tokenizer was given."""
+        """Return one reply per prompt, tokenised (ending with the token that ends a turn, as a model's
+        reply does: :func:`envhub.chat.end_of_turn_ids`) if a tokenizer was given."""
+        if self.tokenizer is not None and self._turn_end is None:
+            self._turn_end = end_of_turn_ids(self.tokenizer)[:1]
         completions = []
         for prompt in prompts:
             text = f"<answer>{self._action(prompt)}</answer>"
             ids: list[int] = []
             if self.tokenizer is not None:
-                ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-                if self.tokenizer.eos_token_id is not None:
-                    ids.append(int(self.tokenizer.eos_token_id))
+                ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + (self._turn_end or [])
             completions.append(Completion(ids, [0.0] * len(ids), text, "stop"))
         return completions
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixture)
 
+from envhub.chat import end_of_turn_ids, stop_token_ids
 from envhub.error import UnknownEnv
 from envhub.generation import Completion, ExpertGenerator, RandomGenerator, SamplingParams, request_seeds
 from envhub.manager import EnvGroupManager, group_seeds
@@ -140,6 +141,35 @@ def test_trajectory_layout_is_token_exact_with_env_tokens_masked():
         assert model == [t for turn in trajectory.turns for t in turn.completion_ids]
         assert len(sample.logprobs) == len(sample.completion_ids) == len(sample.turn_ids)
         assert sorted(set(sample.turn_ids)) == list(range(trajectory.num_turns))
+
+
+class ImStartEosTokenizer(CharTokenizer):
+    """Says its eos is <|im_start|>, as SmolLM2's GGUF tokenizer does, while turns end with <|im_end|>."""
+
+    eos_token_id = 1
+    all_special_ids = [0, 1, 2]
+
+
+class PlainTemplateTokenizer(CharTokenizer):
+    """A template that writes no special token after a reply."""
+
+    all_special_ids = [0, 1, 2]
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + ("assistant: " if add_generation_prompt else "")
+        return self.encode(text) if tokenize else text
+
+
+def test_end_of_turn_comes_from_the_template_not_from_eos():
+    tokenizer = ImStartEosTokenizer()
+    assert end_of_turn_ids(tokenizer) == [2] and stop_token_ids(tokenizer) == [2, 1]
+    assert end_of_turn_ids(PlainTemplateTokenizer()) == [2]  # nothing special after a reply: the eos tokens
+    for generator in (RandomGenerator(seed=0, tokenizer=tokenizer), ExpertGenerator(tokenizer)):
+        trajectories = rollout(EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 2, 2, seed=1, tokenizer=tokenizer, max_turns=6), generator)
+        for trajectory in trajectories:
+            assert all(turn.completion_ids[-1] == 2 for turn in trajectory.turns)
+            sample = trajectory.sample()
+            assert sample.prompt_ids + sample.completion_ids == tokenizer.apply_chat_template(trajectory.messages, tokenize=True)[:-1]
 
 
 def test_sampled_ids_are_kept_even_when_not_canonical():

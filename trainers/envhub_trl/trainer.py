@@ -33,6 +33,7 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 from trl import GRPOTrainer
 
+from envhub.chat import stop_token_ids
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
@@ -135,6 +136,7 @@ class EnvGRPOTrainer(GRPOTrainer):
             return HFGenerator(model, self.processing_class, **kwargs)
         if self.args.generator == "vllm-server":
             kwargs.setdefault("weights_dir", Path(self.args.output_dir) / "vllm-server-weights")
+            kwargs.setdefault("stop_token_ids", stop_token_ids(self.processing_class))
             return VLLMServerGenerator(self.args.vllm_server_url, **kwargs)
         folder = Path(self.args.output_dir) / "vllm-initial-weights"
         model.save_pretrained(folder)

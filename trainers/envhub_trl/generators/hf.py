@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams
 
 
@@ -21,7 +22,8 @@ class HFGenerator:
 
     Args:
         model: a causal LM (its training mode is restored after generating).
-        tokenizer: its tokenizer (pad and end-of-sequence tokens, decoding).
+        tokenizer: its tokenizer (pad token, decoding, and the chat template, from which the
+            tokens that end a reply come: :func:`envhub.chat.stop_token_ids`).
         batch_size: prompts per ``generate`` call.
     """
 
@@ -31,8 +33,11 @@ class HFGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        # A reply ends at its turn's end, which the chat template knows; tokenizer.eos_token may be
+        # another token (SmolLM2's GGUF: <|im_start|>). Without a template, the eos tokens end it.
         eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        stop = stop_token_ids(tokenizer) if getattr(tokenizer, "chat_template", None) else []
+        self.eos_ids = set(stop) | set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids, default=0)
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 
 
@@ -52,6 +53,8 @@ class VLLMGenerator:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        # vLLM stops on the eos tokens; a reply's turn may end with another (SmolLM2's GGUF: eos is <|im_start|>).
+        self.stop_token_ids = stop_token_ids(self.tokenizer)
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """Return one completion per prompt, in order (each prompt gets its own sampler seed)."""
@@ -74,6 +77,7 @@ class VLLMGenerator:
                 seed=seed,
                 logprobs=0,
                 skip_special_tokens=True,
+                stop_token_ids=self.stop_token_ids,
             )
             for seed in request_seeds(sampling.seed, len(prompts))
         ]

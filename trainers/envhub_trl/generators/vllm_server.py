@@ -50,6 +50,9 @@ class VLLMServerGenerator:
         concurrency: requests in flight at once.
         weights_dir: where :meth:`load_weights` writes checkpoints for the server to read: a
             folder both can see. None uses a fresh temporary folder (a server on this machine).
+        stop_token_ids: tokens that end a reply besides the server's eos tokens; pass
+            :func:`envhub.chat.stop_token_ids` of the model's tokenizer, since a reply's turn may
+            end with a token other than eos (the trainer does).
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class VLLMServerGenerator:
         timeout: float = 600.0,
         concurrency: int = 32,
         weights_dir: str | Path | None = None,
+        stop_token_ids: Sequence[int] = (),
     ):
         self.base_url = base_url.rstrip("/")
+        self.stop_token_ids = list(stop_token_ids)
         self.timeout = timeout
         self.concurrency = concurrency
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
@@ -110,6 +115,8 @@ class VLLMServerGenerator:
         }
         if seed is not None:
             body["seed"] = seed
+        if self.stop_token_ids:
+            body["stop_token_ids"] = self.stop_token_ids
         choice = self._request("POST", "/v1/completions", body)["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
