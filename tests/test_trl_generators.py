@@ -179,6 +179,22 @@ def test_hf_generator_returns_sampled_ids_with_their_logprobs(hf, tokenizer):
     assert [c.token_ids for c in again] == [c.token_ids for c in completions]
 
 
+def test_replies_end_at_the_templates_end_of_turn_when_eos_is_another_token(hf, tokenizer):
+    """Qwen2.5's base models say eos is <|endoftext|> while turns end with <|im_end|>: the generator
+    stops on both, and the expert's episodes are still the template's tokens."""
+    from envhub.chat import end_of_turn_ids
+    from envhub_trl.generators import HFGenerator
+
+    base = copy.deepcopy(tokenizer)
+    base.eos_token = "<|endoftext|>"
+    im_end, endoftext = base.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert end_of_turn_ids(base) == [im_end] and HFGenerator(hf.model, base).eos_ids == {im_end, endoftext}
+    for trajectory in rollout(EnvGroupManager(LAKE, 1, 2, seed=4, tokenizer=base, max_turns=4), ExpertGenerator(base)):
+        sample = trajectory.sample()
+        assert all(turn.completion_ids[-1] == im_end for turn in trajectory.turns)
+        assert sample.prompt_ids + sample.completion_ids == base.apply_chat_template(trajectory.messages, tokenize=True, return_dict=False)[:-1]
+
+
 def test_hf_generator_left_pads_prompts_of_different_lengths(hf, tokenizer):
     short = tokenizer.apply_chat_template([{"role": "user", "content": "Up"}], add_generation_prompt=True, tokenize=True, return_dict=False)
     long = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1 of 20; a much longer prompt " * 3}], add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -246,6 +262,19 @@ def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer
             context += list(turn.completion_ids)
 
 
+def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
+    """The client sends its stop tokens (the trainer passes the end-of-turn ones); the server stops there."""
+    from envhub_trl.generators import VLLMServerGenerator
+
+    url = server.wait()
+    prompt = Prompt(tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1"}], add_generation_prompt=True, tokenize=True, return_dict=False), [])
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    free = VLLMServerGenerator(url).generate([prompt], greedy)[0]
+    first = free.token_ids[0]
+    stopped = VLLMServerGenerator(url, stop_token_ids=[first]).generate([prompt], greedy)[0]
+    assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
+
+
 def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, hf, tmp_path):
     """After an optimizer step the server samples with the trained weights (weight decay makes the step
     move them even if every reply of the random model is invalid); the test puts the initial ones back."""
@@ -266,6 +295,7 @@ def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, h
         trainer.train()
         client = trainer.generator
         assert isinstance(client, VLLMServerGenerator) and client.weights_version == 2  # at the start, after the step
+        assert client.stop_token_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")]
         assert [p.name for p in client.weights_dir.iterdir()] == ["weights-000002"]  # the old checkpoint is gone
         manager = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer).__enter__()
         manager.reset(seeds=[0])
@@ -350,6 +380,26 @@ def test_eval_command_with_the_vllm_generator(cli, tiny_path, engine, monkeypatc
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tiny_path), "--episodes", "2", "--max-turns", "2", "--generator", "vllm"])
     assert result.exit_code == 0, result.output
     assert "success_rate" in result.output and "mean_turns" in result.output
+
+
+def test_eval_command_builds_the_tiny_model(cli):
+    result = CliRunner().invoke(cli, ["eval", LAKE, "--model", "tiny", "--episodes", "2", "--max-turns", "1", "--max-new-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["mean_turns"] == 1.0
+
+
+def test_model_names_resolve_to_folders_or_hub_ids(tiny_path, tmp_path):
+    from envhub.error import ModelNotFound
+    from envhub_trl.models import is_model_name, resolve_model
+
+    assert resolve_model(str(tiny_path)) == str(tiny_path) and is_model_name(str(tiny_path))
+    assert resolve_model("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct" and is_model_name("Qwen/Qwen2.5-0.5B-Instruct")
+    built = Path(resolve_model("tiny", [LAKE], seed=1))
+    assert (built / "config.json").is_file() and (built / "tokenizer.json").is_file()
+    for name in ("random-words", str(tmp_path)):  # not a name, and a folder without a model
+        assert not is_model_name(name)
+        with pytest.raises(ModelNotFound):
+            resolve_model(name)
 
 
 def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):

@@ -35,7 +35,7 @@ def _finished_counter(bar: Any, manager: EnvGroupManager) -> Callable[[EnvGroupM
 
 @click.command("eval")
 @click.argument("env_id")
-@click.option("--model", "model_path", required=True, type=click.Path(exists=True, file_okay=False), help="A Hugging Face model folder.")
+@click.option("--model", "model_path", required=True, help="tiny, smollm2-135m, a Hugging Face model folder or a hub id.")
 @click.option("--episodes", default=32, show_default=True, type=click.IntRange(min=1), help="Episodes to play, one seed each.")
 @click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True, help="Sample with transformers or vLLM.")
 @click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
@@ -63,7 +63,7 @@ def eval_command(
     from envhub_trl.generators import make_generator
 
     try:
-        generator = make_generator(kind, model_path)
+        generator = make_generator(kind, model_path, env_ids=[env_id], seed=seed)
         manager = EnvGroupManager(
             env_id, episodes, 1, seed=seed, max_turns=max_turns,
             tokenizer=generator.tokenizer, max_prompt_tokens=max_prompt_tokens,

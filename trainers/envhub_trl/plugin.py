@@ -20,7 +20,8 @@ def register_commands(cli: Any) -> None:
 
 @hookimpl
 def make_policy(name: str, env_id: str, seed: Any) -> Any:
-    """Play ``envhub run --policy PATH`` with the model saved at PATH (None for other names)."""
-    from envhub_trl.policy import is_model_folder, load_model_policy
+    """Play ``envhub run --policy MODEL`` with a model: tiny, smollm2-135m, a folder or a hub id (None for other names)."""
+    from envhub_trl.models import is_model_name
+    from envhub_trl.policy import load_model_policy
 
-    return load_model_policy(name, seed) if is_model_folder(name) else None
+    return load_model_policy(name, env_id, seed) if is_model_name(name) else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from envhub.actions import TagFormat, get_format, parse_reply
@@ -54,15 +53,10 @@ class ModelPolicy:
         return parsed.action if parsed.valid and parsed.action is not None else reply
 
 
-def is_model_folder(name: str) -> bool:
-    """Whether ``name`` is a folder holding a Hugging Face model (a ``config.json``)."""
-    path = Path(name)
-    return path.is_dir() and (path / "config.json").is_file()
+def load_model_policy(name: str, env_id: str | None = None, seed: int | None = None) -> ModelPolicy:
+    """A greedy :class:`ModelPolicy` on the transformers model ``name`` (``tiny``, ``smollm2-135m``,
+    a folder or a hub id; :func:`envhub_trl.models.resolve_model`)."""
+    from envhub_trl.generators import make_generator
 
-
-def load_model_policy(path: str, seed: int | None = None) -> ModelPolicy:
-    """A greedy :class:`ModelPolicy` on the transformers model saved at ``path``."""
-    from envhub_trl.generators import HFGenerator
-
-    generator = HFGenerator.from_pretrained(path)
+    generator = make_generator("hf", name, env_ids=[env_id] if env_id else None, seed=seed or 0)
     return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed))

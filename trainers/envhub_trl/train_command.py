@@ -40,19 +40,6 @@ def load_config_file(path: str | None) -> dict[str, Any]:
     return values
 
 
-def _load_model(name: str, env_id: str, seed: int) -> tuple[Any, Any]:
-    if name == "tiny":
-        from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
-
-        tokenizer = build_tokenizer(environment_corpus([env_id]))
-        return build_model(tokenizer, seed=seed), tokenizer
-    if not Path(name).is_dir():
-        raise click.ClickException(f"--model {name!r} is neither 'tiny' nor a model folder")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
-
-
 def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
     """Held-out metrics of the greedy policy and of the policy sampled as in training (echoed to stderr)."""
     metrics = {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
@@ -104,7 +91,8 @@ def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
 
 @click.command("train")
 @click.option("--env", "env_id", default=None, help="Environment id (default: the config file's env_id, else frozenlake/FrozenLake-v0).")
-@click.option("--model", "model_name", default="tiny", show_default=True, help="'tiny' (a fresh tiny Qwen2 built here) or a model folder.")
+@click.option("--model", "model_name", default="tiny", show_default=True,
+              help="'tiny' (a fresh tiny Qwen2 built here), 'smollm2-135m' (SmolLM2-135M-Instruct, offline from PyPI), a model folder or a hub id.")
 @click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
 @click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
@@ -116,6 +104,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from envhub.cli import table
     from envhub_trl.config import EnvGRPOConfig
+    from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
     from envhub_trl.trainer import EnvGRPOTrainer
     from envhub_trl.warm_start import expert_samples, supervised_steps
@@ -133,7 +122,7 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
     try:
-        model, tokenizer = _load_model(model_name, args.env_id, args.seed)
+        model, tokenizer = load_model_and_tokenizer(model_name, [args.env_id], args.seed)
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
         if warm_start_steps:

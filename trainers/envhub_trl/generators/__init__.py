@@ -5,6 +5,7 @@ their sampling logprobs, text and finish reason out. vLLM is imported only when 
 is built.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from envhub.generation import Generator
@@ -15,10 +16,14 @@ from envhub_trl.generators.vllm_server import VLLMServerGenerator
 __all__ = ["HFGenerator", "VLLMGenerator", "VLLMServerGenerator", "make_generator"]
 
 
-def make_generator(kind: str, model_path: str, **kwargs: Any) -> Generator:
-    """Build the generator ``kind`` (``"hf"`` or ``"vllm"``) for the model at ``model_path``."""
+def make_generator(kind: str, model: str, env_ids: Sequence[str] | None = None, seed: int = 0, **kwargs: Any) -> Generator:
+    """Build the generator ``kind`` (``"hf"`` or ``"vllm"``) for ``model``: ``tiny``, ``smollm2-135m``,
+    a folder or a hub id (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach)."""
+    from envhub_trl.models import resolve_model
+
+    if kind not in ("hf", "vllm"):
+        raise ValueError(f"unknown generator {kind!r}; choose hf or vllm")
+    path = resolve_model(model, env_ids, seed)
     if kind == "hf":
-        return HFGenerator.from_pretrained(model_path, **kwargs)
-    if kind == "vllm":
-        return VLLMGenerator(model_path, **kwargs)
-    raise ValueError(f"unknown generator {kind!r}; choose hf or vllm")
+        return HFGenerator.from_pretrained(path, **kwargs)
+    return VLLMGenerator(path, **kwargs)
