@@ -127,3 +127,44 @@ def test_bad_arguments_say_what_to_pass():
         FrozenLakeTextEnv(map_name="3x3")
     with pytest.raises(ValueError, match="0 < p"):
         FrozenLakeTextEnv(p=0.0)
+
+
+def test_local_view_names_the_four_neighbours_and_the_position():
+    env = FrozenLakeTextEnv(desc=["SH", "FG"], is_slippery=False, view="local")
+    observation, _ = env.reset(seed=0)
+    assert observation == "Row 1 of 2, column 1 of 2.\nLeft: edge. Down: ice. Right: hole. Up: edge."
+    observation, *_ = env.step("Down")
+    assert observation == "Row 2 of 2, column 1 of 2.\nLeft: edge. Down: edge. Right: goal. Up: ice."
+    observation, reward, terminated, _, info = env.step("Right")
+    assert (observation, reward, terminated, info["success"]) == ("Row 2 of 2, column 2 of 2. You reached the goal.", 1.0, True, True)
+    assert "one step Left, Down, Right and Up" in env.instructions and "Legend" not in env.instructions
+
+
+@pytest.mark.parametrize("view", ["local", "grid+local"])
+def test_views_change_the_text_only(view):
+    """Same seed, same actions: the same states, rewards and state keys in every view."""
+    grid, other = envhub.make("frozenlake/FrozenLake-v0"), envhub.make("frozenlake/FrozenLake-v0", view=view)
+    rng = np.random.default_rng(1)
+    for seed in range(10):
+        first, _ = grid.reset(seed=seed)
+        shown, info = other.reset(seed=seed)
+        assert (grid.desc, grid.position, grid.state_key()) == (other.desc, other.position, info["state_key"])
+        assert shown.startswith(first) if view == "grid+local" else "Row 1 of 4, column 1 of 4." in shown
+        for _ in range(20):
+            action = grid.action_names[int(rng.integers(4))]
+            a, b = grid.step(action), other.step(action)
+            assert a[1:4] == b[1:4] and a[4]["state_key"] == b[4]["state_key"]
+            if a[2] or a[3]:
+                break
+
+
+def test_local_view_passes_the_checker():
+    from envhub.checker import check_env
+
+    report = check_env("frozenlake/FrozenLakeNotSlippery-v0", fuzz=200, view="local")
+    assert report.ok, report.format()
+
+
+def test_unknown_view_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="grid\\+local"):
+        FrozenLakeTextEnv(view="map")

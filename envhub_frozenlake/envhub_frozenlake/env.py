@@ -14,6 +14,10 @@ from envhub_frozenlake.planning import UNLIMITED_HORIZON, best_action, optimal_s
 #: How each map tile is drawn when the player is elsewhere.
 TILE_SYMBOLS = {"S": "_", "F": "_", "H": "O", "G": "G"}
 PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "P", "X", "√"
+#: Observation views: the whole grid, what lies one step away in each direction, or both.
+VIEWS = ("grid", "local", "grid+local")
+#: How the local view names a neighbouring tile.
+TILE_NAMES = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -42,6 +46,10 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         is_slippery: Gymnasium's slippery dynamics.
         desc: a fixed map as rows of ``S``, ``F``, ``H``, ``G``.
         map_name: one of Gymnasium's named maps (``"4x4"``, ``"8x8"``).
+        view: what an observation shows: ``"grid"`` (the whole map, one character per tile),
+            ``"local"`` (the player's row and column, and what lies one step Left, Down, Right
+            and Up: ice, hole, goal or edge) or ``"grid+local"`` (both). The state, the dynamics
+            and ``state_key`` are the same in every view.
         render_mode: ``"ansi"`` or None.
     """
 
@@ -54,16 +62,19 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         is_slippery: bool = True,
         desc: list[str] | None = None,
         map_name: str | None = None,
+        view: str = "grid",
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
+        if view not in VIEWS:
+            raise ValueError(f"unknown view {view!r}; choose one of {VIEWS}")
         if desc is None and map_name is not None:
             if map_name not in MAPS:
                 raise ValueError(f"unknown map_name {map_name!r}; choose one of {sorted(MAPS)} or pass desc")
             desc = MAPS[map_name]
         if desc is None and not (size >= 2 and 0.0 < p <= 1.0):
             raise ValueError(f"random maps need size >= 2 and 0 < p <= 1, got size={size}, p={p}")
-        self.size, self.p, self.is_slippery = size, p, is_slippery
+        self.size, self.p, self.is_slippery, self.view = size, p, is_slippery, view
         self.fixed_desc = tuple(desc) if desc is not None else None
         self.desc: tuple[str, ...] = ()
         self._lake: FrozenLakeEnv | None = None
@@ -76,13 +87,21 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
             if is_slippery
             else "The ice is not slippery: you always move where you choose."
         )
+        legend = (
+            f"Legend: {PLAYER} you, _ frozen ice, O hole, G goal, {PLAYER_IN_HOLE} you in a hole, "
+            f"{PLAYER_ON_GOAL} you on the goal.\n"
+        )
+        local = (
+            "Each turn you are told your row and column (from the top-left corner) and what lies one "
+            "step Left, Down, Right and Up of you: ice, hole, goal or edge.\n"
+        )
         self.instructions = (
             "You are on a frozen lake and must walk from your position to the goal without falling "
             "into a hole. Moving off the edge leaves you where you are. "
             f"{slip}\n"
-            f"Legend: {PLAYER} you, _ frozen ice, O hole, G goal, {PLAYER_IN_HOLE} you in a hole, "
-            f"{PLAYER_ON_GOAL} you on the goal.\n"
-            "Actions: Left, Down, Right, Up. Reaching the goal gives reward 1; anything else gives 0."
+            + (legend if view != "local" else "")
+            + (local if view != "grid" else "")
+            + "Actions: Left, Down, Right, Up. Reaching the goal gives reward 1; anything else gives 0."
         )
 
     # ------------------------------------------------------------------ TextEnv hooks
@@ -140,4 +159,21 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         rows = list(self._rows)
         rows[row] = rows[row][:col] + symbol + rows[row][col + 1 :]
         self._grid = "\n".join(rows)
-        return self._grid
+        if self.view == "grid":
+            return self._grid
+        local = self._local_view(row, col)
+        return local if self.view == "local" else f"{self._grid}\n{local}"
+
+    def _local_view(self, row: int, col: int) -> str:
+        """The player's tile and its four neighbours in words (the ``local`` view)."""
+        height, width = len(self.desc), len(self.desc[0])
+        where = f"Row {row + 1} of {height}, column {col + 1} of {width}."
+        if self._here == "H":
+            return f"{where} You fell into a hole."
+        if self._here == "G":
+            return f"{where} You reached the goal."
+        around = []
+        for name, (dr, dc) in zip(self.action_names, ((0, -1), (1, 0), (0, 1), (-1, 0))):
+            r, c = row + dr, col + dc
+            around.append(f"{name}: {TILE_NAMES[self.desc[r][c]] if 0 <= r < height and 0 <= c < width else 'edge'}.")
+        return f"{where}\n" + " ".join(around)
