@@ -24,6 +24,7 @@ pytest.importorskip("transformers")
 import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+import envhub  # noqa: E402
 from envhub.error import PolicyError  # noqa: E402
 from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams, get_policy  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
@@ -144,6 +145,19 @@ def test_tiny_model_is_qwen2_shaped_with_a_chat_template(tiny_path, tokenizer, h
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.chat_template
     text = "Turn 3 of 20 ✓ — naïve 日本 <answer>Left</answer>"
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+@pytest.mark.parametrize("env_id", [LAKE, "sokoban/Sokoban-v0"])
+def test_tiny_tokenizer_gives_each_grid_cell_a_token(tokenizer, env_id):
+    """A text grid is one token per cell (capital letters such as "PO" or "OOO" included), so a
+    cell's neighbours sit at fixed token distances; words keep their own tokens."""
+    env = envhub.make(env_id)
+    for seed in range(20):
+        grid, _ = env.reset(seed=seed)
+        for line in grid.splitlines():
+            pieces = [tokenizer.decode([i]) for i in tokenizer.encode(line, add_special_tokens=False)]
+            assert pieces == list(line), (line, pieces)
+    assert len(tokenizer.encode(" Left", add_special_tokens=False)) == 1
 
 
 def test_rollout_is_token_exact_against_the_chat_template(tokenizer):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -32,16 +33,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def environment_corpus(env_ids: Iterable[str] | None = None, seeds: int = 8, turns: int = 6) -> Iterator[str]:
+def environment_corpus(
+    env_ids: Iterable[str] | None = None, seeds: int = 8, turns: int = 6, env_kwargs: dict[str, Any] | None = None
+) -> Iterator[str]:
     """Yield text the environments produce: chat-rendered instructions, observations and replies.
 
     Each environment plays ``seeds`` short episodes of its expert (or its first legal action) so the
     tokenizer sees the states an agent meets. Environments that fail to make are skipped.
+    ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text).
     """
     renderer = ChatRenderer(FORMATS["answer"])
     for env_id in env_ids if env_ids is not None else list(envhub.registry):
         try:
-            env = envhub.make(env_id)
+            env = envhub.make(env_id, **(env_kwargs or {}))
         except Exception:  # a broken plugin must not stop the tokenizer from being built
             continue
         yield f"{IM_START}system\n{renderer.system(env.instructions)}{IM_END}\n"
@@ -66,11 +70,12 @@ def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 1024)
     """
     tokenizer = Tokenizer(models.BPE())
     # Every digit and punctuation character is a token of its own (as Llama 3 and Qwen split
-    # digits): a text grid such as FrozenLake's "O__G" or Sokoban's "#_X#" becomes one token
+    # digits), and so is every capital letter that does not start a word ("PO", "OOO", "XG" but
+    # not "Left"): a text grid such as FrozenLake's "PO_G" or Sokoban's "#_X#" becomes one token
     # per cell, so a cell's neighbours sit at fixed token distances.
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"[^\s\p{L}]"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r"[^\s\p{L}]|\p{Lu}(?!\p{Ll})"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False),
         ]
     )
