@@ -253,8 +253,12 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
 @json_option
 def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, render_path: Path | None, as_json: bool) -> None:
     """Play episodes of ENV_ID with a policy; people see the board, scripts get JSON lines."""
-    env = make(env_id, max_turns=max_turns, **({"render_mode": "rgb_array"} if render_path else {}))
     chosen = _policy(policy, env_id, seed)
+    # A model policy knows the env settings it trained on (its checkpoint's envhub.json).
+    trained_kwargs, trained_turns = getattr(chosen, "env_kwargs", None) or {}, getattr(chosen, "max_turns", None)
+    if trained_kwargs or trained_turns:
+        click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
+    env = make(env_id, max_turns=max_turns or trained_turns, **trained_kwargs, **({"render_mode": "rgb_array"} if render_path else {}))
     sink = FrameSink(render_path) if render_path else None
     if policy == "human" and not as_json:
         click.echo(env.instructions)

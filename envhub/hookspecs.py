@@ -22,4 +22,8 @@ def register_commands(cli: Any) -> None:
 
 @hookspec(firstresult=True)
 def make_policy(name: str, env_id: str, seed: Any) -> Any:
-    """Return a policy for ``envhub run --policy NAME`` (e.g. NAME is a model path), or None if NAME is not yours."""
+    """Return a policy for ``envhub run --policy NAME`` (e.g. NAME is a model path), or None if NAME is not yours.
+
+    A policy trained on particular env settings may carry them as ``env_kwargs`` (a dict) and
+    ``max_turns`` attributes; ``envhub run`` then makes the env with them (``--max-turns`` wins).
+    """

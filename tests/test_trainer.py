@@ -454,3 +454,66 @@ def test_train_command_rejects_unknown_config_fields(tmp_path):
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert result.exit_code != 0
     assert "groups_per_stepp" in result.output
+
+
+# ---------------------------------------------------------------------------------------- prompt settings
+
+
+def test_config_picks_the_cpu_and_fp32_when_it_says_nothing_of_the_device(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the defaults then pick it")
+    config = EnvGRPOConfig(output_dir=str(tmp_path), report_to="none")
+    assert config.use_cpu and not config.bf16
+
+
+def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path, monkeypatch):
+    """A checkpoint carries its prompt settings and env settings (envhub.json); envhub eval loads
+    them, so the model meets the prompts it trained on, and a flag that overrides one says so."""
+    from transformers import AutoModelForCausalLM
+
+    import click
+
+    from envhub.manager import group_seeds
+    from envhub.prompts import PromptSettings, TrainedOn
+    from envhub_trl import commands, plugin
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    config = _config(
+        tmp_path / "run", instructions="Reach the goal.", show_legal_actions=False, max_prompt_tokens=900,
+        env_kwargs={"view": "local"}, max_turns=5, format_penalty=-0.2, system_prompt="Be brief.",
+    )
+    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
+    trainer.save_model(str(tmp_path / "final"))
+    trained = TrainedOn.load(tmp_path / "final")
+    assert trained.prompt == PromptSettings("Reach the goal.", "Be brief.", "answer", False, 900, 2, -0.2)
+    assert (trained.env_id, trained.env_kwargs, trained.max_turns) == (LAKE, {"view": "local"}, 5)
+
+    seed = group_seeds(0, 0, 1)[0]
+    training = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, **config.manager_kwargs())
+    training.reset(seeds=[seed])
+    expected = training.prompts()[0]
+
+    seen = []
+
+    class Recording(EnvGroupManager):
+        def prompts(self):
+            prompts = super().prompts()
+            seen.append(prompts)
+            return prompts
+
+    monkeypatch.setattr(commands, "EnvGroupManager", Recording)
+    cli = click.Group("envhub")
+    plugin.register_commands(cli=cli)
+    args = ["eval", LAKE, "--model", str(tmp_path / "final"), "--episodes", "1", "--max-new-tokens", "4", "--no-references"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert seen[0][0].token_ids == expected.token_ids
+    text = tokenizer.decode(seen[0][0].token_ids)
+    assert "Row 1 of 4" in text and "system\nBe brief.\n\nReach the goal." in text and "Legal actions" not in text
+    assert "instead of the trained" not in result.output
+
+    result = CliRunner().invoke(cli, [*args, "--max-prompt-tokens", "700", "--max-turns", "3"])
+    assert result.exit_code == 0, result.output
+    assert "max_prompt_tokens: 700 instead of the trained 900" in result.output
+    assert "max_turns: 3 instead of the trained 5" in result.output

@@ -13,6 +13,7 @@ import click
 from envhub.error import EnvhubError
 from envhub.generation import ExpertGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
+from envhub.prompts import SETTINGS_FILE, TrainedOn
 from envhub.rollout import batch_metrics, rollout
 
 
@@ -39,10 +40,13 @@ def _finished_counter(bar: Any, manager: EnvGroupManager) -> Callable[[EnvGroupM
 @click.option("--episodes", default=32, show_default=True, type=click.IntRange(min=1), help="Episodes to play, one seed each.")
 @click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True, help="Sample with transformers or vLLM.")
 @click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the env's).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the trained one, else the env's).")
 @click.option("--temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Longest reply.")
-@click.option("--max-prompt-tokens", default=3072, show_default=True, type=click.IntRange(min=1), help="Context budget; longer episodes end truncated.")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="Context budget; longer episodes end truncated (default: the trained one, else 2048).")
+@click.option("--instructions", default=None, help="Replace the system message's instructions (default: the trained prompt's).")
+@click.option("--show-legal-actions/--hide-legal-actions", default=None, help="List the legal actions (default: as trained).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--no-references", is_flag=True, help="Skip the reference policies (random, open-loop, expert, optimal).")
 def eval_command(
@@ -54,19 +58,37 @@ def eval_command(
     max_turns: int | None,
     temperature: float,
     max_new_tokens: int,
-    max_prompt_tokens: int,
+    max_prompt_tokens: int | None,
+    instructions: str | None,
+    show_legal_actions: bool | None,
     as_json: bool,
     no_references: bool,
 ) -> None:
     """Play EPISODES episodes of ENV_ID with a model and report its success rate, with the
-    reference policies' on the same seeds (see envhub.baselines)."""
+    reference policies' on the same seeds (see envhub.baselines).
+
+    A model envhub trained is played on the prompts it trained on (its envhub.json: prompt
+    settings, and the env's keyword arguments and turn limit when ENV_ID is the trained env);
+    each flag that overrides one of them says so."""
     from envhub_trl.generators import make_generator
+    from envhub_trl.models import resolve_model
 
     try:
-        generator = make_generator(kind, model_path, env_ids=[env_id], seed=seed)
+        path = resolve_model(model_path, [env_id], seed)
+        trained = _trained_on(path)
+        prompt = trained.prompt.replace(
+            max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions
+        )
+        env_kwargs, trained_turns = trained.env_settings_for(env_id)
+        for name, (was, now) in prompt.changes_from(trained.prompt).items():
+            click.echo(f"{name}: {now!r} instead of the trained {was!r}", err=True)
+        if max_turns is not None and trained_turns is not None and max_turns != trained_turns:
+            click.echo(f"max_turns: {max_turns} instead of the trained {trained_turns}", err=True)
+        max_turns = max_turns or trained_turns
+        generator = make_generator(kind, path, env_ids=[env_id], seed=seed)
         manager = EnvGroupManager(
-            env_id, episodes, 1, seed=seed, max_turns=max_turns,
-            tokenizer=generator.tokenizer, max_prompt_tokens=max_prompt_tokens,
+            env_id, episodes, 1, seed=seed, max_turns=max_turns, env_kwargs=env_kwargs,
+            tokenizer=generator.tokenizer, **prompt.manager_kwargs(),
         )
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         with _progress("episodes", episodes, as_json) as bar:
@@ -82,7 +104,7 @@ def eval_command(
         "invalid_action_rate": metrics["invalid_action_rate"],
         "mean_turns": metrics["mean_turns"],
     }
-    extra = {} if no_references else _references(env_id, episodes, seed, max_turns)
+    extra = {} if no_references else _references(env_id, episodes, seed, max_turns, env_kwargs)
     if as_json:
         click.echo(json.dumps({**report, **extra}))
         return
@@ -97,7 +119,16 @@ def eval_command(
         click.echo(f"open-loop sequence   {', '.join(extra['open_loop_actions'])} ({search})")
 
 
-def _references(env_id: str, episodes: int, seed: int, max_turns: int | None) -> dict[str, Any]:
+def _trained_on(path: str) -> TrainedOn:
+    """The prompt settings and env a model folder trained on (defaults for models envhub did not train)."""
+    trained = TrainedOn.load(path) if Path(path).is_dir() else None
+    if trained is None:
+        return TrainedOn()
+    click.echo(f"prompt settings from {Path(path) / SETTINGS_FILE} (trained on {trained.env_id})", err=True)
+    return trained
+
+
+def _references(env_id: str, episodes: int, seed: int, max_turns: int | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The reference policies on the seeds ``eval`` played (``group_seeds(seed, 0, episodes)``)."""
     from envhub.baselines import best_open_loop, reference_policies
     from envhub.error import PolicyError
@@ -106,11 +137,11 @@ def _references(env_id: str, episodes: int, seed: int, max_turns: int | None) ->
     seeds = group_seeds(seed, 0, episodes)
     click.echo("reference policies on the same seeds...", err=True)
     try:
-        open_loop = best_open_loop(env_id, seeds, max_turns)
+        open_loop = best_open_loop(env_id, seeds, max_turns, env_kwargs)
     except PolicyError:
         open_loop = None
     try:
-        references = reference_policies(env_id, seeds, max_turns=max_turns, seed=seed, open_loop=open_loop)
+        references = reference_policies(env_id, seeds, max_turns=max_turns, env_kwargs=env_kwargs, seed=seed, open_loop=open_loop)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     return {

@@ -29,6 +29,8 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from envhub.prompts import PromptSettings, TrainedOn
+
 ESTIMATORS = ("grpo", "gigpo")
 NORMS = ("mean", "mean_std")
 GENERATORS = ("hf", "vllm", "vllm-server")
@@ -108,20 +110,45 @@ class EnvGRPOConfig(GRPOConfig):
         default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
     )
 
+    def prompt_settings(self) -> PromptSettings:
+        """What the model sees in this run, as saved with every checkpoint (``envhub.json``)."""
+        return PromptSettings(
+            instructions=self.instructions,
+            system_prompt=self.system_prompt,
+            action_format=self.action_format,
+            show_legal_actions=self.show_legal_actions,
+            max_prompt_tokens=self.max_prompt_tokens,
+            history_turns=self.history_turns,
+            format_penalty=self.format_penalty,
+        )
+
+    def trained_on(self) -> TrainedOn:
+        """The prompt settings and the environment of this run, as a checkpoint records them."""
+        return TrainedOn(self.prompt_settings(), self.env_id, dict(self.env_kwargs or {}), self.max_turns)
+
     def manager_kwargs(self) -> dict[str, Any]:
         """The :class:`~envhub.manager.EnvGroupManager` keyword arguments these settings imply."""
         return {
+            **self.prompt_settings().manager_kwargs(),
             "max_turns": self.max_turns,
             "env_kwargs": self.env_kwargs,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "format_penalty": self.format_penalty,
-            "action_format": self.action_format,
-            "system_prompt": self.system_prompt,
-            "instructions": self.instructions,
-            "show_legal_actions": self.show_legal_actions,
             "layout": self.sample_layout,
-            "history_turns": self.history_turns,
         }
+
+    def _pick_device_defaults(self) -> None:
+        """CPU or accelerator, and bf16 or fp32, from the machine when the config leaves them unset.
+
+        Without this, TRL's default ``bf16=True`` stops a CPU-only machine with "Your setup doesn't
+        support bf16/gpu"; bf16 autocast on a CPU would also be slower than fp32 for small models.
+        """
+        import torch
+
+        accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+        accelerator = accelerator or torch.backends.mps.is_available()
+        if not accelerator:
+            self.use_cpu = True
+        if self.bf16 is None and not self.fp16:
+            self.bf16 = bool(not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
     def __post_init__(self) -> None:
         if self.group_size is not None:
@@ -167,6 +194,7 @@ class EnvGRPOConfig(GRPOConfig):
                     f"{self.per_device_train_batch_size}; pick a per_device_train_batch_size that divides {batch}"
                 )
             self.generation_batch_size = batch
+        self._pick_device_defaults()
         super().__post_init__()
         if self.max_completion_length is not None and self.max_completion_length < self.max_turn_tokens:
             raise ValueError(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from envhub.actions import TagFormat, get_format, parse_reply
+from envhub.actions import get_format, parse_reply
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.core import TextEnv
 from envhub.generation import Generator, Prompt, SamplingParams
+from envhub.prompts import PromptSettings, TrainedOn
 
 
 class ModelPolicy:
@@ -21,7 +23,10 @@ class ModelPolicy:
         generator: completes token-id prompts.
         tokenizer: the model's tokenizer, with a chat template.
         sampling: sampling settings (greedy by default).
-        action_format: the reply format, by name or a ``TagFormat``.
+        prompt: what the model sees (instructions, system prompt, reply format, legal actions);
+            :class:`~envhub.prompts.PromptSettings` defaults when None.
+        env_kwargs: the env settings the model trained with (``envhub run`` makes the env with them).
+        max_turns: the turn limit it trained with.
     """
 
     def __init__(
@@ -29,13 +34,18 @@ class ModelPolicy:
         generator: Generator,
         tokenizer: Any,
         sampling: SamplingParams | None = None,
-        action_format: str | TagFormat = "answer",
+        prompt: PromptSettings | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        max_turns: int | None = None,
     ):
         self.generator = generator
         self.sampling = sampling or SamplingParams(temperature=0.0)
-        self.fmt = get_format(action_format) if isinstance(action_format, str) else action_format
-        self.renderer = ChatRenderer(self.fmt)
+        self.prompt = prompt or PromptSettings()
+        self.fmt = get_format(self.prompt.action_format)
+        self.renderer = ChatRenderer(self.fmt, self.prompt.system_prompt, self.prompt.show_legal_actions)
         self.tokens = ChatTokens(tokenizer)
+        self.env_kwargs = dict(env_kwargs or {})
+        self.max_turns = max_turns
         self.messages: list[dict[str, str]] = []
         self.last_reply: str | None = None
 
@@ -43,7 +53,8 @@ class ModelPolicy:
         """Return the action named by the model's reply to ``observation``."""
         legal = env.valid_actions()
         if env.turn == 0:
-            self.messages = [{"role": "system", "content": self.renderer.system(env.instructions)}]
+            instructions = env.instructions if self.prompt.instructions is None else self.prompt.instructions
+            self.messages = [{"role": "system", "content": self.renderer.system(instructions)}]
         self.messages.append({"role": "user", "content": self.renderer.user(observation, env.turn, env.max_turns, legal)})
         prompt = Prompt(self.tokens.prompt(self.messages), list(self.messages), legal)
         reply = self.generator.generate([prompt], self.sampling)[0].text
@@ -55,8 +66,14 @@ class ModelPolicy:
 
 def load_model_policy(name: str, env_id: str | None = None, seed: int | None = None) -> ModelPolicy:
     """A greedy :class:`ModelPolicy` on the transformers model ``name`` (``tiny``, ``smollm2-135m``,
-    a folder or a hub id; :func:`envhub_trl.models.resolve_model`)."""
+    a folder or a hub id; :func:`envhub_trl.models.resolve_model`), on the prompts and env settings
+    it trained with when its folder has an ``envhub.json``."""
     from envhub_trl.generators import make_generator
+    from envhub_trl.models import resolve_model
 
-    generator = make_generator("hf", name, env_ids=[env_id] if env_id else None, seed=seed or 0)
-    return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed))
+    env_ids = [env_id] if env_id else None
+    path = resolve_model(name, env_ids, seed or 0)
+    trained = (TrainedOn.load(path) if Path(path).is_dir() else None) or TrainedOn()
+    env_kwargs, max_turns = trained.env_settings_for(env_id) if env_id else ({}, None)
+    generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
+    return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed), trained.prompt, env_kwargs, max_turns)

@@ -262,6 +262,15 @@ class EnvGRPOTrainer(GRPOTrainer):
             if back <= len(logged):
                 logged[-back] = value
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        """Save as ``transformers.Trainer`` does (every checkpoint and ``save_model`` come here),
+        plus ``envhub.json``: the prompt settings and env this model trains on, which ``envhub
+        eval`` and ``envhub run --policy`` load so that it is evaluated on its own prompts."""
+        super()._save(output_dir, state_dict)
+        self.args.trained_on().save(output_dir if output_dir is not None else self.args.output_dir)
+
     # ------------------------------------------------------------------ evaluation
 
     def evaluate_env(

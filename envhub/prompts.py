@@ -1,0 +1,137 @@
+"""``PromptSettings``: everything that shapes what a model sees, as one value saved with checkpoints.
+
+A model is only as good as the prompts it was trained on: a policy trained with a short system
+message, no list of legal actions and a 2,048-token budget is a different policy when evaluated
+with the environment's long rules and the legal actions listed. The manager, the trainer, ``envhub
+eval``, ``envhub run --policy PATH`` and ``envhub export-sft`` therefore all take one
+:class:`PromptSettings`, and every checkpoint the trainer writes carries it in ``envhub.json``
+beside ``config.json``, together with the environment it trained on (id, keyword arguments, turn
+limit), so that evaluation renders exactly the prompts training rendered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envhub.error import EnvhubError
+
+#: The file a checkpoint folder keeps its prompt settings and training env in.
+SETTINGS_FILE = "envhub.json"
+
+
+class SettingsError(EnvhubError):
+    """A checkpoint's ``envhub.json`` cannot be read as prompt settings."""
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """What the model sees, and how its replies are read.
+
+    Attributes:
+        instructions: replaces the environment's own instructions in the system message (a short
+            prompt for a small model); None keeps the environment's.
+        system_prompt: text put before the instructions in the system message.
+        action_format: the reply format, by name (``"answer"``, ``"think-answer"``).
+        show_legal_actions: list the legal actions in every user message.
+        max_prompt_tokens: the context budget in tokens: an episode whose next prompt is longer
+            ends, truncated. None for no budget.
+        history_turns: in the step layout, how many earlier turns each prompt shows.
+        format_penalty: added to the reward of every invalid reply.
+    """
+
+    instructions: str | None = None
+    system_prompt: str | None = None
+    action_format: str = "answer"
+    show_legal_actions: bool = True
+    max_prompt_tokens: int | None = 2048
+    history_turns: int = 2
+    format_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be at least 1 (or None), got {self.max_prompt_tokens}")
+        if self.history_turns < 0:
+            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+
+    def manager_kwargs(self) -> dict[str, Any]:
+        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of these settings."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> PromptSettings:
+        """A copy with ``changes`` applied (None values are ignored: "not given")."""
+        given = {name: value for name, value in changes.items() if value is not None}
+        return dataclasses.replace(self, **given) if given else self
+
+    def changes_from(self, other: PromptSettings) -> dict[str, tuple[Any, Any]]:
+        """``{field: (other's value, this value)}`` for every field that differs from ``other``."""
+        return {
+            f.name: (getattr(other, f.name), getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(other, f.name) != getattr(self, f.name)
+        }
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PromptSettings:
+        """Settings from a mapping; unknown keys are an error that names them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SettingsError(f"unknown prompt settings {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a checkpoint was trained on: the prompt settings and the environment.
+
+    Attributes:
+        prompt: the prompt settings.
+        env_id: the environment id (None when unknown).
+        env_kwargs: its ``envhub.make`` keyword arguments.
+        max_turns: the turn limit of training episodes (None: the env's registered one).
+    """
+
+    prompt: PromptSettings = field(default_factory=PromptSettings)
+    env_id: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``envhub.json`` into ``folder`` and return its path."""
+        path = Path(folder) / SETTINGS_FILE
+        body = {
+            "prompt_settings": self.prompt.manager_kwargs(),
+            "env": {"id": self.env_id, "kwargs": dict(self.env_kwargs), "max_turns": self.max_turns},
+        }
+        path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TrainedOn | None:
+        """Read ``folder/envhub.json``; None when the folder has none (a model envhub did not train)."""
+        path = Path(folder) / SETTINGS_FILE
+        if not path.is_file():
+            return None
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+            env = body.get("env") or {}
+            return cls(
+                prompt=PromptSettings.from_dict(body.get("prompt_settings") or {}),
+                env_id=env.get("id"),
+                env_kwargs=dict(env.get("kwargs") or {}),
+                max_turns=env.get("max_turns"),
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc
+
+    def env_settings_for(self, env_id: str) -> tuple[dict[str, Any], int | None]:
+        """``(env_kwargs, max_turns)`` to play ``env_id`` as in training: the trained ones for the
+        trained env, nothing for another env."""
+        if env_id == self.env_id:
+            return dict(self.env_kwargs), self.max_turns
+        return {}, None
