@@ -206,11 +206,13 @@ def resolve_model(name: str, env_ids: Sequence[str] | None = None, seed: int = 0
     raise ModelNotFound(f"--model {name!r} is none of {TINY!r}, {SMOLLM2!r}, a model folder or a hub id (org/name)")
 
 
-def load_model_and_tokenizer(name: str, env_ids: Sequence[str] | None = None, seed: int = 0) -> tuple[Any, Any]:
+def load_model_and_tokenizer(
+    name: str, env_ids: Sequence[str] | None = None, seed: int = 0, env_kwargs: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
     """The transformers model and tokenizer ``name`` names (see :func:`resolve_model`).
 
-    ``tiny`` is built in memory, its tokenizer trained on ``env_ids``' text and its weights seeded
-    with ``seed``.
+    ``tiny`` is built in memory, its tokenizer trained on the text of ``env_ids`` made with
+    ``env_kwargs`` (an observation view changes the text) and its weights seeded with ``seed``.
 
     Raises:
         ModelNotFound: if ``name`` names no model, or a hub id cannot be had (offline, not cached).
@@ -218,7 +220,7 @@ def load_model_and_tokenizer(name: str, env_ids: Sequence[str] | None = None, se
     if name == TINY:
         from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
 
-        tokenizer = build_tokenizer(environment_corpus(env_ids))
+        tokenizer = build_tokenizer(environment_corpus(env_ids, env_kwargs=env_kwargs))
         return build_model(tokenizer, seed=seed), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

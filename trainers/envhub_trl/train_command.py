@@ -89,20 +89,24 @@ def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
     ]
 
 
-@click.command("train")
-@click.option("--env", "env_id", default=None, help="Environment id (default: the config file's env_id, else frozenlake/FrozenLake-v0).")
-@click.option("--model", "model_name", default="tiny", show_default=True,
-              help="'tiny' (a fresh tiny Qwen2 built here), 'smollm2-135m' (SmolLM2-135M-Instruct, offline from PyPI), a model folder or a hub id.")
-@click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
-@click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
-@click.option("--warm-start-steps", default=0, show_default=True, type=click.IntRange(min=0), help="Supervised steps on expert episodes before RL.")
-@click.option("--warm-start-episodes", default=512, show_default=True, type=click.IntRange(min=1), help="Expert episodes for the warm start.")
-@click.option("--warm-start-lr", default=1e-3, show_default=True, help="Learning rate of the warm start.")
-def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr):
-    """Train a model on an environment with GRPO or GiGPO; report held-out success before and after."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from envhub.cli import table
+def run_training(
+    values: dict[str, Any],
+    model_name: str = "tiny",
+    *,
+    warm_start_steps: int = 0,
+    warm_start_episodes: int = 512,
+    warm_start_lr: float = 1e-3,
+) -> dict[str, Any]:
+    """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
+
+    ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included). The run evaluates on
+    the held-out seeds before training, after the warm start and after RL, then plays the
+    reference policies on the same seeds; progress goes to stderr. The learning benchmark calls
+    this once per run.
+
+    Raises:
+        click.ClickException: for a bad configuration or an environment error, with the reason.
+    """
     from envhub_trl.config import EnvGRPOConfig
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
@@ -110,19 +114,14 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     from envhub_trl.warm_start import expert_samples, supervised_steps
 
     started = time.perf_counter()
-    values = load_config_file(config_file)
-    if env_id is not None:
-        values["env_id"] = env_id
-    if algo is not None:
-        values["advantage_estimator"] = algo
+    values = dict(values)
     values.setdefault("report_to", "none")
-    values["output_dir"] = output_dir
     try:
         args = EnvGRPOConfig(**values)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
     try:
-        model, tokenizer = load_model_and_tokenizer(model_name, [args.env_id], args.seed)
+        model, tokenizer = load_model_and_tokenizer(model_name, [args.env_id], args.seed, env_kwargs=args.env_kwargs)
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
         if warm_start_steps:
@@ -138,52 +137,42 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         references, open_loop = _references(trainer)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
-    out = Path(output_dir)
+    out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
-    tokenizer.save_pretrained(out / "final")
     start_key = STAGES[1] if warm_start_steps else STAGES[0]
     end = trainer.state.global_step
-    how = f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
     gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
     over_open_loop = None if open_loop is None else {
         mode: evaluations[STAGES[2]][mode]["success_rate"] - open_loop.success_rate for mode in ("greedy", "sampled")
     }
-    seconds = time.perf_counter() - started
     results = {
         "env_id": args.env_id,
+        "model": model_name,
         "advantage_estimator": args.advantage_estimator,
         "held_out_episodes": args.eval_episodes,
         "held_out_seed_offset": args.eval_seed_offset,
+        "sampling": _sampling_text(args),
         "evaluations": evaluations,
         "references": references,
         "open_loop_actions": None if open_loop is None else list(open_loop.actions),
         "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
+        "open_loop_description": None if open_loop is None else open_loop.describe(),
         "rl_success_gain": gain,
         "gain_over_open_loop": over_open_loop,
-        "rl_steps": trainer.state.global_step,
+        "rl_steps": end - before_rl,
         "warm_start_steps": warm_start_steps,
-        "seconds": seconds,
+        "training_curve": [
+            {"step": entry["step"], "success_rate": entry["env/success_rate"]}
+            for entry in trainer.state.log_history
+            if "env/success_rate" in entry
+        ],
+        "seconds": time.perf_counter() - started,
         "config": {k: v for k, v in values.items() if k != "output_dir"},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    click.echo(f"\n{args.env_id}: success on {args.eval_episodes} held-out seeds, greedy and sampled ({how})\n")
-    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
-    rows = [_row(stage, m) for stage, m in evaluations.items()]
-    rows += [[name, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for name, rate in references.items()]
-    click.echo(table(rows, headers))
-    if open_loop is not None:
-        click.echo(f"\nopen-loop: {open_loop.describe()}")
-    click.echo(
-        f"\nRL phase ({end} steps, {args.advantage_estimator}): {gain['greedy'] * 100:+.1f} points of greedy success, "
-        f"{gain['sampled'] * 100:+.1f} points of sampled success"
-    )
-    if over_open_loop is not None:
-        click.echo(
-            f"learned policy over the best open-loop policy ({open_loop.success_rate:.1%}): "
-            f"{over_open_loop['greedy'] * 100:+.1f} points greedy, {over_open_loop['sampled'] * 100:+.1f} points sampled"
-        )
-    # Drawn last: the figures above are on screen and in results.json whatever happens to plotting.
-    curve = plot_learning_curve(
+    # Drawn last: the figures are in results.json whatever happens to plotting.
+    how = results["sampling"]
+    plot_learning_curve(
         trainer.state.log_history,
         out / "learning_curve.png",
         {
@@ -191,7 +180,59 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
             f"held-out, sampled ({how})": {
                 before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
             },
+            **{f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in references.items()},
         },
         title=f"{args.env_id}, {args.advantage_estimator}",
     )
-    click.echo(f"learning curve: {curve}\nmodel: {out / 'final'}\ntotal time: {seconds / 60:.1f} min")
+    return results
+
+
+def _sampling_text(args: Any) -> str:
+    """How training samples, in words (``T=1, top-k 4``)."""
+    return f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
+
+
+@click.command("train")
+@click.option("--env", "env_id", default=None, help="Environment id (default: the config file's env_id, else frozenlake/FrozenLake-v0).")
+@click.option("--model", "model_name", default="tiny", show_default=True,
+              help="'tiny' (a fresh tiny Qwen2 built here), 'smollm2-135m' (SmolLM2-135M-Instruct, offline from PyPI), a model folder or a hub id.")
+@click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
+@click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
+@click.option("--warm-start-steps", default=0, show_default=True, type=click.IntRange(min=0), help="Supervised steps on expert episodes before RL.")
+@click.option("--warm-start-episodes", default=512, show_default=True, type=click.IntRange(min=1), help="Expert episodes for the warm start.")
+@click.option("--warm-start-lr", default=1e-3, show_default=True, help="Learning rate of the warm start.")
+def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr):
+    """Train a model on an environment with GRPO or GiGPO; report held-out success before and after."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from envhub.cli import table
+
+    values = load_config_file(config_file)
+    if env_id is not None:
+        values["env_id"] = env_id
+    if algo is not None:
+        values["advantage_estimator"] = algo
+    values["output_dir"] = output_dir
+    results = run_training(
+        values, model_name, warm_start_steps=warm_start_steps, warm_start_episodes=warm_start_episodes, warm_start_lr=warm_start_lr
+    )
+    evaluations, references = results["evaluations"], results["references"]
+    click.echo(f"\n{results['env_id']}: success on {results['held_out_episodes']} held-out seeds, greedy and sampled ({results['sampling']})\n")
+    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
+    rows = [_row(stage, m) for stage, m in evaluations.items()]
+    rows += [[name, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for name, rate in references.items()]
+    click.echo(table(rows, headers))
+    if results["open_loop_description"] is not None:
+        click.echo(f"\nopen-loop: {results['open_loop_description']}")
+    gain, over = results["rl_success_gain"], results["gain_over_open_loop"]
+    click.echo(
+        f"\nRL phase ({results['rl_steps']} steps, {results['advantage_estimator']}): {gain['greedy'] * 100:+.1f} points of greedy success, "
+        f"{gain['sampled'] * 100:+.1f} points of sampled success"
+    )
+    if over is not None:
+        click.echo(
+            f"learned policy over the best open-loop policy ({references['open-loop']:.1%}): "
+            f"{over['greedy'] * 100:+.1f} points greedy, {over['sampled'] * 100:+.1f} points sampled"
+        )
+    out = Path(output_dir)
+    click.echo(f"learning curve: {out / 'learning_curve.png'}\nmodel: {out / 'final'}\ntotal time: {results['seconds'] / 60:.1f} min")
