@@ -1,0 +1,341 @@
+"""Learning benchmark: GRPO against GiGPO at an equal budget, from the tiny model, on FrozenLake 4x4
+(deterministic and slippery) and Sokoban 6x6 with one box.
+
+Each env has one config in ``bench/learning/`` (EnvGRPOConfig fields, plus ``model``,
+``warm_start_steps`` and ``targets``, which this script reads itself). Every run of an env uses
+that config and changes only ``advantage_estimator`` and ``seed``: the same episodes and optimizer
+steps for both algorithms. A run is :func:`envhub_trl.train_command.run_training` in a child
+process (so that no memory or torch state passes from one run to the next, and a crash is
+reported rather than fatal); it leaves its model, curve, log and ``results.json`` in
+``bench/results/learning/<env>/<algo>/seed<k>/``. A run whose ``results.json`` holds the same
+settings is not run again, so an interrupted benchmark resumes where it stopped.
+
+Held-out success is measured on the same 256 seeds for every run, next to the reference policies
+(random, open-loop, expert, optimal) on those seeds. The targets are checked on held-out greedy
+success, the mean over training seeds; a missed target is reported, with its curve.
+
+    python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke]
+
+Prints one line per run, then a table and the targets; writes bench/results/learning.json and
+bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). About 2 hours
+on 2 quiet cores; CI does not run it (``make bench-learning``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import yaml
+
+from envhub.cli import table
+from envhub_trl.train_command import STAGES, run_training
+
+HERE = Path(__file__).parent
+CONFIGS = HERE / "learning"
+RESULTS = HERE / "results"
+ALGOS = ("grpo", "gigpo")
+#: Config keys this script handles (with their defaults) instead of passing them to EnvGRPOConfig.
+RUN_KEYS = {"model": "tiny", "warm_start_steps": 0, "warm_start_episodes": 512, "warm_start_lr": 1e-3}
+#: GiGPO's target over GRPO at an equal budget, in held-out greedy success.
+GIGPO_MARGIN = 0.05
+#: What --smoke changes (it checks that everything runs, in minutes on a busy machine): two RL steps
+#: of 8 short episodes, 16 held-out episodes, a token warm start; one seed.
+SMOKE_VALUES = {"max_steps": 2, "groups_per_step": 2, "group_size": 4, "per_device_train_batch_size": 8, "max_turns": 6, "eval_episodes": 16}
+SMOKE_RUN = {"warm_start_steps": 5, "warm_start_episodes": 32}
+COLOURS = {"grpo": "tab:blue", "gigpo": "tab:red"}
+BASELINE_STYLES = {"open-loop": "tab:gray", "expert": "tab:green", "optimal": "black"}
+MODES = ("greedy", "sampled")
+
+
+def load_env_config(path: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """Split one env's YAML into EnvGRPOConfig values, run settings (:data:`RUN_KEYS`) and targets."""
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    run = {key: values.pop(key, default) for key, default in RUN_KEYS.items()}
+    targets = values.pop("targets", None) or {}
+    return values, run, targets
+
+
+def run_spec(values: dict[str, Any], run: dict[str, Any], algo: str, seed: int, out: Path) -> dict[str, Any]:
+    """What one child run needs: the config values with this algorithm, seed and output folder."""
+    values = {**values, "advantage_estimator": algo, "seed": seed, "output_dir": str(out)}
+    return {"values": values, **run}
+
+
+def is_done(out: Path, spec: dict[str, Any]) -> bool:
+    """Whether ``out`` holds the results of a finished run with exactly these settings."""
+    path = out / "results.json"
+    if not path.exists():
+        return False
+    done = json.loads(path.read_text())
+    config = {k: v for k, v in spec["values"].items() if k != "output_dir"}
+    return done["config"] == config and done["model"] == spec["model"] and done["warm_start_steps"] == spec["warm_start_steps"]
+
+
+def child(spec_path: str) -> None:
+    """Run one training (the ``--run`` mode of this script)."""
+    spec = json.loads(Path(spec_path).read_text())
+    run_training(
+        spec["values"], spec["model"],
+        warm_start_steps=spec["warm_start_steps"], warm_start_episodes=spec["warm_start_episodes"], warm_start_lr=spec["warm_start_lr"],
+    )
+
+
+def launch(spec: dict[str, Any], out: Path) -> tuple[dict[str, Any] | None, str]:
+    """Run ``spec`` in a child process with its output in ``out/run.log``; return its results, or
+    None and the log's last line when it failed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").unlink(missing_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec, indent=2))
+    log = out / "run.log"
+    with log.open("w") as handle:
+        code = subprocess.run([sys.executable, __file__, "--run", str(out / "spec.json")], stdout=handle, stderr=subprocess.STDOUT).returncode
+    if code == 0 and (out / "results.json").exists():
+        return json.loads((out / "results.json").read_text()), ""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return None, f"exit code {code}: {lines[-1] if lines else '(empty log)'} (log: {log})"
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one value) and the values themselves."""
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0, "per_seed": values}
+
+
+def start_stage(results: dict[str, Any]) -> str:
+    """The evaluation stage RL starts from: after the warm start when there was one."""
+    return STAGES[1] if STAGES[1] in results["evaluations"] else STAGES[0]
+
+
+def summarise_algo(runs: dict[int, dict[str, Any]], references: dict[str, float]) -> dict[str, Any]:
+    """Held-out success over the training seeds of one algorithm on one env, and its ratios to the references."""
+    seeds = sorted(runs)
+    first = runs[seeds[0]]
+    summary: dict[str, Any] = {"seeds": seeds}
+    for name, stage in (("start", start_stage(first)), ("after_rl", STAGES[2])):
+        summary[name] = {mode: spread([runs[s]["evaluations"][stage][mode]["success_rate"] for s in seeds]) for mode in MODES}
+    summary["start_stage"] = start_stage(first)
+    after = {mode: summary["after_rl"][mode]["mean"] for mode in MODES}
+    summary["rl_gain"] = {mode: after[mode] - summary["start"][mode]["mean"] for mode in MODES}
+    if references.get("optimal"):
+        summary["ratio_to_optimal"] = {mode: after[mode] / references["optimal"] for mode in MODES}
+    if "open-loop" in references:
+        summary["gain_over_open_loop"] = {mode: after[mode] - references["open-loop"] for mode in MODES}
+    summary["rl_steps"] = first["rl_steps"]
+    summary["seconds_per_run"] = statistics.fmean(runs[s]["seconds"] for s in seeds)
+    return summary
+
+
+def check_targets(name: str, algos: dict[str, Any], references: dict[str, float], targets: dict[str, float]) -> list[dict[str, Any]]:
+    """Each target of one env with the value reached and whether it is met (held-out greedy, mean over seeds)."""
+    checks = []
+    for algo, summary in algos.items():
+        greedy = summary["after_rl"]["greedy"]["mean"]
+        if "success_over_optimal" in targets:
+            # Without a known, non-zero optimum the ratio is undefined: the target is reported as not met.
+            ratio = greedy / references["optimal"] if references.get("optimal") else None
+            checks.append({
+                "env": name, "algo": algo, "target": "held-out greedy success / optimal", "threshold": targets["success_over_optimal"],
+                "value": ratio, "met": ratio is not None and ratio >= targets["success_over_optimal"],
+            })
+        if "success" in targets:
+            checks.append({
+                "env": name, "algo": algo, "target": "held-out greedy success", "threshold": targets["success"],
+                "value": greedy, "met": greedy >= targets["success"],
+            })
+    if set(ALGOS) <= set(algos):
+        difference = algos["gigpo"]["after_rl"]["greedy"]["mean"] - algos["grpo"]["after_rl"]["greedy"]["mean"]
+        checks.append({
+            "env": name, "algo": "gigpo - grpo", "target": "held-out greedy success, GiGPO minus GRPO at an equal budget",
+            "threshold": GIGPO_MARGIN, "value": difference, "met": difference >= GIGPO_MARGIN,
+        })
+    return checks
+
+
+def summarise_env(name: str, runs: dict[str, dict[int, dict[str, Any]]], targets: dict[str, float]) -> dict[str, Any]:
+    """One env's entry of learning.json (``runs``: results by algorithm, then training seed)."""
+    any_run = next(iter(next(iter(runs.values())).values()))
+    # The reference policies play the held-out seeds, which every run shares: any run's serve.
+    references = any_run["references"]
+    algos = {algo: summarise_algo(by_seed, references) for algo, by_seed in runs.items()}
+    entry: dict[str, Any] = {
+        "env_id": any_run["env_id"],
+        "held_out_episodes": any_run["held_out_episodes"],
+        "held_out_seed_offset": any_run["held_out_seed_offset"],
+        "sampling": any_run["sampling"],
+        "references": references,
+        "open_loop_description": any_run["open_loop_description"],
+        "algorithms": algos,
+    }
+    if set(ALGOS) <= set(algos):
+        entry["gigpo_minus_grpo"] = {mode: algos["gigpo"]["after_rl"][mode]["mean"] - algos["grpo"]["after_rl"][mode]["mean"] for mode in MODES}
+    entry["targets"] = check_targets(name, algos, references, targets)
+    return entry
+
+
+def plot(envs: dict[str, Any], runs: dict[str, dict[str, dict[int, dict[str, Any]]]], path: Path) -> None:
+    """One panel per env: training success per optimizer step (mean over seeds, min-max shaded) for
+    each algorithm, the references as dashed lines, and held-out greedy means as markers: where RL
+    starts (hollow, step 0) and after RL (filled, ± std, at the last step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 6), squeeze=False)
+    for axis, (name, entry) in zip(axes[0], envs.items()):
+        last = 0
+        for algo, by_seed in runs[name].items():
+            curves = [{p["step"]: p["success_rate"] for p in results["training_curve"]} for results in by_seed.values()]
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            if not steps:
+                continue
+            values = np.array([[c[s] for s in steps] for c in curves])
+            colour = COLOURS.get(algo)
+            label = f"{algo} training batches ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
+            axis.plot(steps, values.mean(axis=0), color=colour, label=label)
+            axis.fill_between(steps, values.min(axis=0), values.max(axis=0), color=colour, alpha=0.2, linewidth=0)
+            summary = entry["algorithms"][algo]
+            start = summary["start"]["greedy"]
+            axis.plot([0], [start["mean"]], "o", mfc="none", color=colour, markersize=7,
+                      label=f"{algo} held-out greedy, {summary['start_stage']}: {start['mean']:.1%}")
+            held = summary["after_rl"]["greedy"]
+            axis.errorbar([steps[-1]], [held["mean"]], yerr=[held["std"]], fmt="D", color=colour, markersize=7, capsize=4,
+                          label=f"{algo} held-out greedy after RL: {held['mean']:.1%}")
+            last = max(last, steps[-1])
+        for reference, colour in BASELINE_STYLES.items():
+            if reference in entry["references"]:
+                rate = entry["references"][reference]
+                axis.axhline(rate, linestyle="--", color=colour, linewidth=1, label=f"{reference} (held-out): {rate:.1%}")
+        axis.set_title(entry["env_id"])
+        axis.set_xlabel("optimizer step")
+        axis.set_ylabel("success rate")
+        axis.set_ylim(-0.02, 1.05)
+        axis.set_xlim(-0.03 * max(last, 1), max(last, 1) * 1.04)
+        axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)
+    figure.suptitle("GRPO vs GiGPO at an equal budget (shaded: min-max over training seeds)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def print_report(envs: dict[str, Any]) -> None:
+    """The table and the targets, for people."""
+    def pm(cell: dict[str, Any]) -> str:
+        return f"{cell['mean']:.1%} ± {cell['std']:.1%}"
+
+    rows = []
+    for name, entry in envs.items():
+        refs = entry["references"]
+        for algo, summary in entry["algorithms"].items():
+            ratio = summary.get("ratio_to_optimal", {}).get("greedy")
+            rows.append([
+                name, algo, len(summary["seeds"]), pm(summary["start"]["greedy"]), pm(summary["after_rl"]["greedy"]),
+                pm(summary["after_rl"]["sampled"]), "-" if ratio is None else f"{ratio:.2f}",
+                *("-" if refs.get(r) is None else f"{refs[r]:.1%}" for r in ("random policy", "open-loop", "expert", "optimal")),
+            ])
+    headers = ["env", "algo", "seeds", "warm start (greedy)", "after RL (greedy)", "after RL (sampled)", "/optimal",
+               "random", "open-loop", "expert", "optimal"]
+    print("\nheld-out success (mean ± std over training seeds)\n")
+    print(table(rows, headers))
+    print()
+    for entry in envs.values():
+        for check in entry["targets"]:
+            verdict = "met" if check["met"] else "MISSED"
+            value = "undefined" if check["value"] is None else f"{check['value']:.3f}"
+            print(f"target {check['env']} {check['algo']}: {check['target']} {value} vs {check['threshold']:g}: {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/).")
+    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
+    parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
+    parser.add_argument("--smoke", action="store_true", help="A check that everything runs: 1 seed, 2 RL steps of 8 episodes of 6 turns, "
+                        "16 held-out episodes, a token warm start; outputs under bench/results/learning-smoke/.")
+    parser.add_argument("--run", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        child(args.run)
+        return
+
+    started = time.perf_counter()
+    configs = {path.stem: path for path in sorted(CONFIGS.glob("*.yaml"))}
+    unknown = sorted(set(args.only or []) - set(configs))
+    if unknown:
+        parser.error(f"unknown env {unknown}; choose from {sorted(configs)}")
+    names = args.only or list(configs)
+    if args.smoke:
+        root, summary_dir, seeds = RESULTS / "learning-smoke", RESULTS / "learning-smoke", 1
+    else:
+        root, summary_dir, seeds = RESULTS / "learning", RESULTS, args.seeds
+    loaded = {name: load_env_config(configs[name]) for name in names}
+    for values, run, _ in loaded.values():
+        if args.smoke:
+            values.update(SMOKE_VALUES)
+            run.update(SMOKE_RUN)
+        if args.max_steps is not None:
+            values["max_steps"] = args.max_steps
+
+    runs: dict[str, dict[str, dict[int, dict[str, Any]]]] = {name: {} for name in names}
+    failed = []
+    # Seeds outermost: an interrupted benchmark has every env and algorithm at its first seeds.
+    for seed in range(seeds):
+        for name in names:
+            values, run, _ = loaded[name]
+            for algo in args.algos:
+                out = root / name / algo / f"seed{seed}"
+                spec = run_spec(values, run, algo, seed, out)
+                label = f"{name:<24} {algo:<6} seed{seed}"
+                if is_done(out, spec):
+                    results, note = json.loads((out / "results.json").read_text()), "(done before)"
+                else:
+                    results, error = launch(spec, out)
+                    if results is None:
+                        failed.append({"env": name, "algo": algo, "seed": seed, "error": error})
+                        print(f"{label}  FAILED, {error}", flush=True)
+                        continue
+                    note = f"({results['seconds'] / 60:.1f} min)"
+                rates = results["evaluations"][STAGES[2]]
+                print(f"{label}  held-out success after RL: {rates['greedy']['success_rate']:.1%} greedy, "
+                      f"{rates['sampled']['success_rate']:.1%} sampled  {note}", flush=True)
+                runs[name].setdefault(algo, {})[seed] = results
+
+    envs = {name: summarise_env(name, runs[name], loaded[name][2]) for name in names if runs[name]}
+    report = {
+        "smoke": args.smoke,
+        "seeds": seeds,
+        "algorithms": args.algos,
+        "measure": "held-out success rate on the same seeds for every run; targets on greedy success, mean over training seeds",
+        "envs": envs,
+        "targets": [check for entry in envs.values() for check in entry["targets"]],
+        "failed_runs": failed,
+        "wall_seconds": time.perf_counter() - started,
+        "run_seconds_total": sum(r["seconds"] for by_algo in runs.values() for by_seed in by_algo.values() for r in by_seed.values()),
+    }
+    summary_dir.mkdir(parents=True, exist_ok=True)
+    (summary_dir / "learning.json").write_text(json.dumps(report, indent=2))
+    if envs:
+        plot(envs, {name: runs[name] for name in envs}, summary_dir / "learning.png")
+        print_report(envs)
+    print(f"\nwall time {report['wall_seconds'] / 60:.1f} min (runs in all: {report['run_seconds_total'] / 60:.1f} min); "
+          f"{summary_dir / 'learning.json'}, {summary_dir / 'learning.png'}")
+    if failed:
+        print(f"{len(failed)} run(s) failed; see their run.log", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
