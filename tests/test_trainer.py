@@ -510,7 +510,7 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     assert result.exit_code == 0, result.output
     assert seen[0][0].token_ids == expected.token_ids
     text = tokenizer.decode(seen[0][0].token_ids)
-    assert "Row 1 of 4" in text and "system\nBe brief.\n\nReach the goal." in text and "Legal actions" not in text
+    assert "Row 1, column 1." in text and "system\nBe brief.\n\nReach the goal." in text and "Legal actions" not in text
     assert "instead of the trained" not in result.output
 
     result = CliRunner().invoke(cli, [*args, "--max-prompt-tokens", "700", "--max-turns", "3"])

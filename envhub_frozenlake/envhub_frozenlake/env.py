@@ -92,8 +92,8 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
             f"{PLAYER_ON_GOAL} you on the goal.\n"
         )
         local = (
-            "Each turn you are told your row and column (from the top-left corner) and what lies one "
-            "step Left, Down, Right and Up of you: ice, hole, goal or edge.\n"
+            "Each turn you are told your row and column (counted from 1 at the top-left corner) and what "
+            "lies one step Left, Down, Right and Up of you: ice, hole, goal or edge.\n"
         )
         self.instructions = (
             "You are on a frozen lake and must walk from your position to the goal without falling "
@@ -167,7 +167,7 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
     def _local_view(self, row: int, col: int) -> str:
         """The player's tile and its four neighbours in words (the ``local`` view)."""
         height, width = len(self.desc), len(self.desc[0])
-        where = f"Row {row + 1} of {height}, column {col + 1} of {width}."
+        where = f"Row {row + 1}, column {col + 1}."
         if self._here == "H":
             return f"{where} You fell into a hole."
         if self._here == "G":
