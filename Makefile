@@ -32,14 +32,14 @@ test: setup
 
 # The training demo: SFT warm start then GiGPO on FrozenLake from the tiny model, held-out success before/after.
 demo: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --warm-start-steps 100
+	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --warm-start-steps 200
 
 # Every benchmark but the learning one; each prints its figures and writes bench/results/NAME.json.
 # The Sokoban ones build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).
 bench: setup
 	for script in $(filter-out bench/learning.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
 
-# GRPO against GiGPO on FrozenLake and Sokoban, 18 training runs: about 2 hours on 2 cores. It
+# GRPO against GiGPO on FrozenLake and Sokoban, 18 training runs: 2 to 3 hours on 2 cores. It
 # resumes: a finished run is not run again. Writes bench/results/learning.json and learning.png.
 bench-learning: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/learning.py

@@ -39,7 +39,7 @@ def plot_learning_curve(
     left.set_xlabel("optimizer step")
     left.set_ylabel("success rate")
     left.set_ylim(-0.02, 1.02)
-    left.legend(loc="upper left")
+    left.legend(loc="lower right", fontsize="small")
     right.plot(steps, [entry["env/mean_return"] for entry in rows], color="tab:green")
     right.set_xlabel("optimizer step")
     right.set_ylabel("mean episode return (training batches)")
