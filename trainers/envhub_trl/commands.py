@@ -121,7 +121,7 @@ def eval_command(
 
 def _trained_on(path: str) -> TrainedOn:
     """The prompt settings and env a model folder trained on (defaults for models envhub did not train)."""
-    trained = TrainedOn.load(path) if Path(path).is_dir() else None
+    trained = TrainedOn.load(path)  # None for a hub id or a folder envhub did not write
     if trained is None:
         return TrainedOn()
     click.echo(f"prompt settings from {Path(path) / SETTINGS_FILE} (trained on {trained.env_id})", err=True)

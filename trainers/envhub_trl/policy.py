@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from envhub.actions import get_format, parse_reply
@@ -73,7 +72,7 @@ def load_model_policy(name: str, env_id: str | None = None, seed: int | None = N
 
     env_ids = [env_id] if env_id else None
     path = resolve_model(name, env_ids, seed or 0)
-    trained = (TrainedOn.load(path) if Path(path).is_dir() else None) or TrainedOn()
+    trained = TrainedOn.load(path) or TrainedOn()
     env_kwargs, max_turns = trained.env_settings_for(env_id) if env_id else ({}, None)
     generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
     return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed), trained.prompt, env_kwargs, max_turns)
