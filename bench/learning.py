@@ -2,7 +2,7 @@
 (deterministic and slippery) and Sokoban 6x6 with one box.
 
 Each env has one config in ``bench/learning/`` (EnvGRPOConfig fields, plus ``model``,
-``warm_start_steps`` and ``targets``, which this script reads itself). Every run of an env uses
+``warm_start`` and ``targets``, which this script reads itself). Every run of an env uses
 that config and changes only ``advantage_estimator`` and ``seed``: the same episodes and optimizer
 steps for both algorithms. A run is :func:`envhub_trl.train_command.run_training` in a child
 process (so that no memory or torch state passes from one run to the next, and a crash is
@@ -24,6 +24,7 @@ on 2 quiet cores; CI does not run it (``make bench-learning``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -40,19 +41,20 @@ import yaml
 
 from envhub.cli import table
 from envhub_trl.train_command import STAGES, run_training
+from envhub_trl.warm_start import WarmStart
 
 HERE = Path(__file__).parent
 CONFIGS = HERE / "learning"
 RESULTS = HERE / "results"
 ALGOS = ("grpo", "gigpo")
 #: Config keys this script handles (with their defaults) instead of passing them to EnvGRPOConfig.
-RUN_KEYS = {"model": "tiny", "warm_start_steps": 0, "warm_start_episodes": 512, "warm_start_lr": 1e-3}
+RUN_KEYS = {"model": "tiny", "warm_start": {}}
 #: GiGPO's target over GRPO at an equal budget, in held-out greedy success.
 GIGPO_MARGIN = 0.05
 #: What --smoke changes (it checks that everything runs, in minutes on a busy machine): two RL steps
 #: of 8 short episodes, 16 held-out episodes, a token warm start; one seed.
 SMOKE_VALUES = {"max_steps": 2, "groups_per_step": 2, "group_size": 4, "per_device_train_batch_size": 8, "max_turns": 6, "eval_episodes": 16}
-SMOKE_RUN = {"warm_start_steps": 5, "warm_start_episodes": 32}
+SMOKE_WARM_START = {"steps": 5, "episodes": 32}
 COLOURS = {"grpo": "tab:blue", "gigpo": "tab:red"}
 BASELINE_STYLES = {"open-loop": "tab:gray", "expert": "tab:green", "optimal": "black"}
 MODES = ("greedy", "sampled")
@@ -79,16 +81,17 @@ def is_done(out: Path, spec: dict[str, Any]) -> bool:
         return False
     done = json.loads(path.read_text())
     config = {k: v for k, v in spec["values"].items() if k != "output_dir"}
-    return done["config"] == config and done["model"] == spec["model"] and done["warm_start_steps"] == spec["warm_start_steps"]
+    return (
+        done["config"] == config
+        and done["model"] == spec["model"]
+        and done.get("warm_start") == dataclasses.asdict(WarmStart.from_mapping(spec["warm_start"]))
+    )
 
 
 def child(spec_path: str) -> None:
     """Run one training (the ``--run`` mode of this script)."""
     spec = json.loads(Path(spec_path).read_text())
-    run_training(
-        spec["values"], spec["model"],
-        warm_start_steps=spec["warm_start_steps"], warm_start_episodes=spec["warm_start_episodes"], warm_start_lr=spec["warm_start_lr"],
-    )
+    run_training(spec["values"], spec["model"], warm_start=WarmStart.from_mapping(spec["warm_start"]))
 
 
 def launch(spec: dict[str, Any], out: Path) -> tuple[dict[str, Any] | None, str]:
@@ -285,7 +288,7 @@ def main() -> None:
     for values, run, _ in loaded.values():
         if args.smoke:
             values.update(SMOKE_VALUES)
-            run.update(SMOKE_RUN)
+            run["warm_start"] = {**run["warm_start"], **SMOKE_WARM_START}
         if args.max_steps is not None:
             values["max_steps"] = args.max_steps
 

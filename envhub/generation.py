@@ -242,11 +242,28 @@ class RandomGenerator(_ActionGenerator):
 
 
 class ExpertGenerator(_ActionGenerator):
-    """Replies with the environment's oracle action (the manager fills ``Prompt.expert_action``)."""
+    """Replies with the environment's oracle action (the manager fills ``Prompt.expert_action``).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
+        epsilon: the probability of replying with a uniformly random legal action instead (a noisy
+            demonstrator: imitating it keeps every action likely enough for RL to explore, and
+            shows states off the expert's path).
+        seed: seeds the noise.
+    """
 
     uses_expert = True
+
+    def __init__(self, tokenizer: Any | None = None, epsilon: float = 0.0, seed: int | None = None):
+        super().__init__(tokenizer)
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"epsilon is a probability, between 0 and 1; got {epsilon}")
+        self.epsilon = epsilon
+        self.rng = np.random.default_rng(seed)
 
     def _action(self, prompt: Prompt) -> str:
         if prompt.expert_action is None:
             raise PolicyError("this environment has no expert action; use the random generator or a model")
+        if self.epsilon and prompt.valid_actions and self.rng.random() < self.epsilon:
+            return prompt.valid_actions[int(self.rng.integers(len(prompt.valid_actions)))]
         return prompt.expert_action

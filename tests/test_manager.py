@@ -7,7 +7,7 @@ from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixtu
 
 from envhub.chat import end_of_turn_ids, stop_token_ids
 from envhub.error import UnknownEnv
-from envhub.generation import Completion, ExpertGenerator, RandomGenerator, SamplingParams, request_seeds
+from envhub.generation import Completion, ExpertGenerator, Prompt, RandomGenerator, SamplingParams, request_seeds
 from envhub.manager import EnvGroupManager, group_seeds
 from envhub.rollout import Trajectory, Turn, batch_columns, batch_metrics, rollout, step_arrays, to_samples
 
@@ -314,3 +314,21 @@ def test_instructions_replace_the_environments_own_in_the_system_message():
     trajectory = rollout(manager, ExpertGenerator(), SamplingParams())[0]
     assert trajectory.system.startswith("Reach G.")
     assert "frozen lake" not in trajectory.system
+
+
+def test_noisy_expert_takes_random_legal_moves_as_often_as_asked():
+    legal = ["Left", "Down", "Right", "Up"]
+    prompts = [Prompt([], [], valid_actions=legal, expert_action="Down")] * 4000
+
+    def actions(generator):
+        return [c.text.removeprefix("<answer>").removesuffix("</answer>") for c in generator.generate(prompts, SamplingParams())]
+
+    assert set(actions(ExpertGenerator())) == {"Down"}
+    noisy = actions(ExpertGenerator(epsilon=0.4, seed=5))
+    # Down comes from the expert (0.6) and from the noise (0.4 / 4); the others from the noise alone.
+    shares = {a: noisy.count(a) / len(noisy) for a in legal}
+    assert shares["Down"] == pytest.approx(0.7, abs=0.03)
+    assert all(shares[a] == pytest.approx(0.1, abs=0.02) for a in ("Left", "Right", "Up"))
+    assert noisy == actions(ExpertGenerator(epsilon=0.4, seed=5))  # seeded
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        ExpertGenerator(epsilon=1.5)

