@@ -32,7 +32,7 @@ test: setup
 
 # The training demo: SFT warm start then GiGPO on FrozenLake from the tiny model, held-out success before/after.
 demo: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --warm-start-steps 200
+	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output
 
 # Every benchmark but the learning one; each prints its figures and writes bench/results/NAME.json.
 # The Sokoban ones build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).

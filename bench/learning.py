@@ -81,11 +81,9 @@ def is_done(out: Path, spec: dict[str, Any]) -> bool:
         return False
     done = json.loads(path.read_text())
     config = {k: v for k, v in spec["values"].items() if k != "output_dir"}
-    return (
-        done["config"] == config
-        and done["model"] == spec["model"]
-        and done.get("warm_start") == dataclasses.asdict(WarmStart.from_mapping(spec["warm_start"]))
-    )
+    # Results written before results.json had "warm_start" had only the step count to set.
+    warm_start = done.get("warm_start") or dataclasses.asdict(WarmStart(steps=done["warm_start_steps"]))
+    return done["config"] == config and done["model"] == spec["model"] and warm_start == dataclasses.asdict(WarmStart.from_mapping(spec["warm_start"]))
 
 
 def child(spec_path: str) -> None:

@@ -247,8 +247,8 @@ class ExpertGenerator(_ActionGenerator):
     Args:
         tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
         epsilon: the probability of replying with a uniformly random legal action instead (a noisy
-            demonstrator: imitating it keeps every action likely enough for RL to explore, and
-            shows states off the expert's path).
+            demonstrator, whose episodes visit states off the expert's path; each turn records
+            the expert's action in ``Turn.expert_action``).
         seed: seeds the noise.
     """
 

@@ -290,6 +290,7 @@ class EnvGroupManager:
                 logprobs,
                 finish,
                 state.invalid_reason,
+                slot.expert_action if self.expert_hints else None,
             )
         )
         trajectory.success = info["success"]

@@ -49,6 +49,8 @@ class Turn:
         logprobs: their sampling log-probabilities.
         finish_reason: the generator's finish reason (``"stop"`` or ``"length"``).
         invalid_reason: why the reply was invalid, else None.
+        expert_action: the environment's oracle action in the state the reply was made in, when
+            the generator asked for it (``uses_expert``), else None.
     """
 
     index: int
@@ -69,6 +71,7 @@ class Turn:
     logprobs: Sequence[float] = ()
     finish_reason: str = "stop"
     invalid_reason: str | None = None
+    expert_action: str | None = None
 
 
 @dataclasses.dataclass

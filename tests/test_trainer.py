@@ -479,28 +479,31 @@ def test_train_command_names_a_bad_warm_start_before_loading_anything(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_warm_start_learns_the_noisy_experts_moves(tmp_path):
-    """A warm start on a fully random demonstrator (epsilon 1) spreads the first move over the four
-    actions; on the clean expert it concentrates on the expert's."""
+def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp_path):
     from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
-    from envhub_trl.warm_start import WarmStart
+    from envhub_trl.warm_start import WarmStart, expert_samples
 
-    view = {"view": "local"}  # its corpus makes each action name one token
-    tokenizer = build_tokenizer(environment_corpus([LAKE], env_kwargs=view))
-    manager_kwargs = _config(tmp_path, env_kwargs=view).manager_kwargs()
-    first_move = {}
-    for epsilon in (0.0, 1.0):
-        model = build_model(tokenizer, seed=0)
-        losses = WarmStart(steps=60, episodes=32, epsilon=epsilon).run(model, tokenizer, LAKE, seed=0, **manager_kwargs)
-        assert len(losses) == 60 and losses[-1] < losses[0]
-        manager = EnvGroupManager(LAKE, 1, 1, seed=0, tokenizer=tokenizer, **manager_kwargs)
-        manager.reset(seeds=[7])
-        prompt = manager.prompts()[0].token_ids + tokenizer.encode("<answer>", add_special_tokens=False)
-        with torch.no_grad():
-            probs = model(torch.tensor([prompt])).logits[0, -1].softmax(-1)
-        first_move[epsilon] = sorted(float(probs[tokenizer.convert_tokens_to_ids(a)]) for a in ("Left", "Down", "Right", "Up"))
-    assert first_move[0.0][-1] > 0.8 and first_move[0.0][0] < 0.01  # the expert's move; some never
-    assert first_move[1.0][-1] < 0.6 and first_move[1.0][0] > 0.05  # every move likely
+    tokenizer = build_tokenizer(environment_corpus([LAKE]))
+    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
+    samples = expert_samples(tokenizer, LAKE, range(24), epsilon=0.5, seed=3, **manager_kwargs)
+    # The same episodes, played again: the noise is seeded.
+    manager = EnvGroupManager(LAKE, 24, 1, tokenizer=tokenizer, **manager_kwargs)
+    trajectories = rollout(manager, ExpertGenerator(tokenizer, epsilon=0.5, seed=3), SamplingParams(), seeds=list(range(24)))
+    noisy_turns = [turn for t in trajectories for turn in t.turns if turn.action != turn.expert_action]
+    assert noisy_turns and all(turn.expert_action is not None for t in trajectories for turn in t.turns)
+    kept = {(s.trajectory_index, turn) for s in samples for m, turn in zip(s.env_mask, s.turn_ids) if m}
+    for t in trajectories:
+        for turn in t.turns:
+            assert ((t.index, turn.index) in kept) == (turn.action == turn.expert_action)
+    assert all(len(s.env_mask) == len(s.turn_ids) for s in samples)
+    # Clean demonstrations keep every reply.
+    clean = expert_samples(tokenizer, LAKE, range(4), **manager_kwargs)
+    played = rollout(EnvGroupManager(LAKE, 4, 1, tokenizer=tokenizer, **manager_kwargs), ExpertGenerator(tokenizer), seeds=list(range(4)))
+    assert [sum(s.env_mask) for s in clean] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
+    model = build_model(tokenizer, seed=0)
+    losses = WarmStart(steps=30, episodes=24, epsilon=0.5).run(model, tokenizer, LAKE, seed=3, **manager_kwargs)
+    assert len(losses) == 30 and losses[-1] < losses[0]
+
 
 
 # ---------------------------------------------------------------------------------------- prompt settings

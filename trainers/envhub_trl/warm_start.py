@@ -24,14 +24,23 @@ def expert_samples(
 ) -> list[Sample]:
     """The expert's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
 
-    With ``epsilon`` the expert takes a uniformly random legal action that often (noise seeded with
-    ``seed``), and the samples hold the actions it took: imitating them keeps every action in the
-    model's distribution, which RL needs in order to find better ones."""
+    With ``epsilon`` the demonstrator takes a uniformly random legal move that often (noise seeded
+    with ``seed``). Those moves are played but not imitated (their tokens get ``env_mask`` 0, as
+    in DART, Laskey et al. 2017): the samples show states off the expert's path, such as dead ends,
+    each labelled with the expert's move out of it.
+    """
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     expert = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
     with manager:
         trajectories = rollout(manager, expert, SamplingParams(), seeds=list(seeds))
-    return to_samples(trajectories)
+    samples = []
+    for sample in to_samples(trajectories):
+        turns = trajectories[sample.trajectory_index].turns
+        imitated = [turn.action == turn.expert_action for turn in turns]
+        mask = [int(m and imitated[turn]) for m, turn in zip(sample.env_mask, sample.turn_ids)]
+        if any(mask):
+            samples.append(dataclasses.replace(sample, env_mask=mask))
+    return samples
 
 
 def supervised_steps(
@@ -85,10 +94,11 @@ class WarmStart:
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
         learning_rate: the AdamW learning rate.
         batch_size: samples per step.
-        epsilon: the probability that the demonstrator takes a uniformly random legal action
-            instead of the expert's (:class:`~envhub.generation.ExpertGenerator`). A model that
-            imitates the clean expert gives ~0 probability to moves the expert never makes, such as
-            backing out of a dead end, and RL cannot find what it never samples.
+        epsilon: the probability that the demonstrator takes a uniformly random legal move instead
+            of the expert's; such moves are played, not imitated (:func:`expert_samples`). A model
+            that imitates the clean expert never sees the states a mistake leads to, and gives ~0
+            probability to the moves that get out of them (backing out of a FrozenLake dead end),
+            which RL then cannot find: it only reinforces moves it samples.
     """
 
     steps: int = 0
