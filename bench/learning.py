@@ -40,6 +40,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import yaml
 
 from envhub.cli import table
+from envhub_trl.estimators import ESTIMATORS
 from envhub_trl.train_command import STAGES, run_training
 from envhub_trl.warm_start import WarmStart
 
@@ -261,7 +262,7 @@ def print_report(envs: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/).")
-    parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
+    parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo).")
     parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
     parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
     parser.add_argument("--smoke", action="store_true", help="A check that everything runs: 1 seed, 2 RL steps of 8 episodes of 6 turns, "

@@ -23,6 +23,7 @@ from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout, step_arrays  # noqa: E402
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.estimators import EstimatorSettings, TurnBatch  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
 from trl_helpers import HalfExpert  # noqa: E402
 from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
@@ -137,21 +138,21 @@ def test_an_episode_without_turns_is_a_clear_error(tiny):
 
 
 def test_turn_advantages_zero_dropped_groups():
-    steps = {
-        "rewards": np.array([1.0, 0.0, 0.5, 0.5]),
-        "traj_index": np.array([0, 1, 2, 3]),
-        "step_index": np.zeros(4, dtype=int),
-        "state_keys": np.array(["a", "a", "b", "b"], dtype=object),
-        "traj_groups": np.array([0, 0, 1, 1]),
-        "returns": np.array([1.0, 0.0, 0.5, 0.5]),
-    }
-    out = turn_advantages(steps, "grpo", norm="mean", drop_tied=True)
+    batch = TurnBatch(
+        rewards=np.array([1.0, 0.0, 0.5, 0.5]),
+        traj_index=np.array([0, 1, 2, 3]),
+        step_index=np.zeros(4, dtype=int),
+        state_keys=np.array(["a", "a", "b", "b"], dtype=object),
+        traj_groups=np.array([0, 0, 1, 1]),
+        env_ids=np.array([LAKE] * 4, dtype=object),
+    )
+    out = turn_advantages(batch, "grpo", EstimatorSettings(norm="mean"), drop_tied=True)
     np.testing.assert_allclose(out["advantages"], [0.5, -0.5, 0, 0])
     np.testing.assert_array_equal(out["keep"], [True, True, False, False])
-    gigpo = turn_advantages(steps, "gigpo", norm="mean", step_weight=0.5, keep_fraction=0.5)
+    gigpo = turn_advantages(batch, "gigpo", EstimatorSettings(norm="mean", step_reward_weight=0.5), keep_fraction=0.5)
     np.testing.assert_allclose(gigpo["advantages"], [0.75, -0.75, 0, 0])
-    with pytest.raises(ValueError, match="estimator"):
-        turn_advantages(steps, "ppo")
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        turn_advantages(batch, "ppo")
 
 
 # ---------------------------------------------------------------------------------------- training run
@@ -302,6 +303,37 @@ def test_step_layout_rows_carry_their_turns_gigpo_advantage(step_run):
     for row, value in enumerate(expected):
         np.testing.assert_allclose(output["advantages"][row][mask[row]].numpy(), value, rtol=1e-5, atol=1e-6)
     assert not output["advantages"][len(expected) :].any()
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "step_reinforce"])
+def test_every_estimator_trains_in_both_layouts_with_its_own_advantages(tiny, tmp_path, estimator, layout):
+    """2 optimizer steps of each estimator (GiGPO has its own runs above): the loss sees, on every
+    reply token, the estimator's advantage of that turn."""
+    from envhub_trl.estimators import TurnBatch, estimate
+
+    config = _config(tmp_path, advantage_estimator=estimator, sample_layout=layout, max_turns=5, format_penalty=-0.1, step_reward_gamma=0.9)
+    trainer, before, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    for spied in batches:
+        trajectories = spied["trajectories"]
+        for i, t in enumerate(trajectories):
+            t.group_id = i // config.num_generations
+        expected = estimate(estimator, TurnBatch.from_trajectories(trajectories), config.estimator_settings())["advantages"]
+        output = spied["output"]
+        mask = (output["tool_mask"] * output["completion_mask"]).bool()
+        turns = [(i, turn) for i, t in enumerate(trajectories) for turn in t.turns]
+        seen = []
+        if layout == "step":
+            for row, _ in enumerate(turns):
+                seen.append(float(output["advantages"][row][mask[row]].mean()))
+        else:
+            for row, t in enumerate(trajectories):
+                spans = np.asarray(t.sample().turn_ids)[np.asarray(t.sample().env_mask, dtype=bool)]
+                values = output["advantages"][row][mask[row]].numpy()
+                seen += [float(values[spans == k].mean()) for k in range(t.num_turns)]
+        np.testing.assert_allclose(seen, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_config_checks_the_layout_and_the_server(tmp_path):

@@ -13,8 +13,10 @@ Generation:
     ``max_turn_tokens``; temperature, top-p and top-k are TRL's own fields, used both to sample and
     to score.
 Advantages:
-    ``advantage_estimator`` (``grpo`` or ``gigpo``), ``step_advantage_weight`` (ω),
-    ``step_gamma`` (γ), ``advantage_norm`` (``mean`` or ``mean_std``).
+    ``advantage_estimator`` (any name registered in :mod:`envhub_trl.estimators`: ``grpo``,
+    ``gigpo``, ``rloo``, ``step_reinforce``), and, under ROLL's names, ``episode_reward_weight``,
+    ``step_reward_weight`` (GiGPO's ω; ``step_advantage_weight`` is an alias) and
+    ``step_reward_gamma`` (γ; alias ``step_gamma``); ``advantage_norm`` (``mean`` or ``mean_std``).
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S).
@@ -29,9 +31,10 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from envhub_trl.estimators import ESTIMATORS, EstimatorSettings
+
 from envhub.prompts import PromptSettings, TrainedOn
 
-ESTIMATORS = ("grpo", "gigpo")
 NORMS = ("mean", "mean_std")
 GENERATORS = ("hf", "vllm", "vllm-server")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
@@ -93,9 +96,15 @@ class EnvGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Keyword arguments for the generator (e.g. vLLM's gpu_memory_utilization)."}
     )
     max_turn_tokens: int = field(default=64, metadata={"help": "The longest reply, in tokens, per turn."})
-    advantage_estimator: str = field(default="gigpo", metadata={"help": "`grpo` (episode level) or `gigpo` (episode + step level)."})
-    step_advantage_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage."})
-    step_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of GiGPO's step returns."})
+    advantage_estimator: str = field(
+        default="gigpo",
+        metadata={"help": "A registered estimator: `grpo` (episode level), `gigpo` (episode + step level), `rloo`, `step_reinforce`."},
+    )
+    episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
+    step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
+    step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
+    step_advantage_weight: float | None = field(default=None, metadata={"help": "Alias of step_reward_weight."})
+    step_gamma: float | None = field(default=None, metadata={"help": "Alias of step_reward_gamma."})
     advantage_norm: str = field(
         default="mean_std", metadata={"help": "`mean` (subtract the group mean) or `mean_std` (also divide by the group std)."}
     )
@@ -126,6 +135,15 @@ class EnvGRPOConfig(GRPOConfig):
         """The prompt settings and the environment of this run, as a checkpoint records them."""
         return TrainedOn(self.prompt_settings(), self.env_id, dict(self.env_kwargs or {}), self.max_turns)
 
+    def estimator_settings(self) -> EstimatorSettings:
+        """What the advantage estimators read (:mod:`envhub_trl.estimators`)."""
+        return EstimatorSettings(
+            episode_reward_weight=self.episode_reward_weight,
+            step_reward_weight=self.step_reward_weight,
+            step_reward_gamma=self.step_reward_gamma,
+            norm=self.advantage_norm,
+        )
+
     def manager_kwargs(self) -> dict[str, Any]:
         """The :class:`~envhub.manager.EnvGroupManager` keyword arguments these settings imply."""
         return {
@@ -155,7 +173,14 @@ class EnvGRPOConfig(GRPOConfig):
             self.num_generations = self.group_size
         self.group_size = self.num_generations
         if self.advantage_estimator not in ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {ESTIMATORS}, got {self.advantage_estimator!r}")
+            raise ValueError(f"advantage_estimator must be one of {sorted(ESTIMATORS)}, got {self.advantage_estimator!r}")
+        for alias, name in (("step_advantage_weight", "step_reward_weight"), ("step_gamma", "step_reward_gamma")):
+            value = getattr(self, alias)
+            if value is not None:
+                if getattr(self, name) != EnvGRPOConfig.__dataclass_fields__[name].default and getattr(self, name) != value:
+                    raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
+                setattr(self, name, value)
+            setattr(self, alias, getattr(self, name))
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
         if self.generator not in GENERATORS:
@@ -169,8 +194,8 @@ class EnvGRPOConfig(GRPOConfig):
                 "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
                 f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"
             )
-        if not 0.0 <= self.step_gamma <= 1.0:
-            raise ValueError(f"step_gamma must be in [0, 1], got {self.step_gamma}")
+        if not 0.0 <= self.step_reward_gamma <= 1.0:
+            raise ValueError(f"step_reward_gamma must be in [0, 1], got {self.step_reward_gamma}")
         if not 0.0 < self.keep_group_fraction <= 1.0:
             raise ValueError(f"keep_group_fraction must be in (0, 1], got {self.keep_group_fraction}")
         if self.num_train_seeds < 1 or self.eval_episodes < 1 or self.max_turn_tokens < 1:

@@ -3,7 +3,7 @@
 TRL's ``GRPOTrainer`` takes one sample per row. In the trajectory layout a row is one episode: the
 first prompt, then every reply and the environment's tokens between them (``env_mask`` 0 on the
 latter, so they stay out of the loss); in the step layout a row is one turn. Advantages are
-computed per turn by the estimators of :mod:`envhub_trl.advantages` and spread over each turn's
+computed per turn by the estimators of :mod:`envhub_trl.estimators` and spread over each turn's
 tokens.
 """
 
@@ -16,7 +16,8 @@ import numpy as np
 
 from envhub.error import EnvhubError
 from envhub.rollout import Sample, Trajectory
-from envhub_trl.advantages import Norm, gigpo_advantages, grpo_advantages, select_groups
+from envhub_trl.advantages import select_groups
+from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate
 
 
 class RolloutError(EnvhubError):
@@ -42,38 +43,23 @@ def episode_return(
 
 
 def turn_advantages(
-    steps: dict[str, np.ndarray],
+    batch: TurnBatch,
     estimator: str,
+    settings: EstimatorSettings | None = None,
     *,
-    step_weight: float = 1.0,
-    gamma: float = 0.95,
-    norm: Norm = "mean_std",
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """Each turn's advantage under ``estimator`` (``"grpo"`` or ``"gigpo"``), and which rows to keep.
-
-    Args:
-        steps: the batch as :func:`envhub.rollout.step_arrays` flattens it (``traj_groups`` are
-            the env groups the advantages are normalised within).
+    """Each turn's advantage under the registered ``estimator`` (:mod:`envhub_trl.estimators`), and
+    which episodes the group filter keeps.
 
     Returns:
-        ``advantages`` (per turn; 0 for the turns of dropped groups), ``keep`` (per trajectory) and,
-        for GiGPO, ``anchor_size`` (per turn).
+        The estimator's output with ``advantages`` set to 0 on the turns of dropped groups, and
+        ``keep`` (per episode).
     """
-    groups, traj_index = steps["traj_groups"], steps["traj_index"]
-    keep = select_groups(steps["returns"], groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
-    if estimator == "grpo":
-        out = {"advantages": grpo_advantages(steps["returns"], groups, norm)[traj_index]}
-    elif estimator == "gigpo":
-        gigpo = gigpo_advantages(
-            steps["rewards"], traj_index, steps["step_index"], groups, steps["state_keys"],
-            step_weight=step_weight, gamma=gamma, norm=norm,
-        )
-        out = {"advantages": gigpo["advantages"], "anchor_size": gigpo["anchor_size"]}
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; choose grpo or gigpo")
-    out["advantages"] = np.where(keep[traj_index], out["advantages"], 0.0)
+    keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+    out = dict(estimate(estimator, batch, settings))
+    out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
     out["keep"] = keep
     return out
 

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from envhub.error import EnvhubError
+from envhub_trl.estimators import ESTIMATORS
 
 #: Held-out evaluation stages, in the order the table lists them.
 STAGES = ("initial model", "after warm start (SFT)", "after RL")
@@ -218,7 +219,7 @@ def _sampling_text(args: Any) -> str:
 @click.option("--env", "env_id", default=None, help="Environment id (default: the config file's env_id, else frozenlake/FrozenLake-v0).")
 @click.option("--model", "model_name", default="tiny", show_default=True,
               help="'tiny' (a fresh tiny Qwen2 built here), 'smollm2-135m' (SmolLM2-135M-Instruct, offline from PyPI), a model folder or a hub id.")
-@click.option("--algo", type=click.Choice(["grpo", "gigpo"]), default=None, help="Advantage estimator (default: the config's, else gigpo).")
+@click.option("--algo", type=click.Choice(sorted(ESTIMATORS)), default=None, help="Advantage estimator (default: the config's, else gigpo).")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), default=None, help="YAML file of EnvGRPOConfig fields.")
 @click.option("--output-dir", required=True, type=click.Path(file_okay=False), help="Folder for the model, the curve and results.json.")
 @click.option("--warm-start-steps", default=None, type=click.IntRange(min=0),

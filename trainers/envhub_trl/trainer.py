@@ -37,8 +37,9 @@ from envhub.chat import stop_token_ids
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import Sample, Trajectory, batch_columns, rollout, step_arrays
+from envhub.rollout import Sample, Trajectory, batch_columns, rollout
 from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.estimators import TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
 from envhub_trl.metrics import rollout_metrics
@@ -190,11 +191,9 @@ class EnvGRPOTrainer(GRPOTrainer):
         ]
         everyone: list[Trajectory] = gather_object(local)
         result = turn_advantages(
-            step_arrays(everyone),
+            TurnBatch.from_trajectories(everyone),
             self.args.advantage_estimator,
-            step_weight=self.args.step_advantage_weight,
-            gamma=self.args.step_gamma,
-            norm=self.args.advantage_norm,
+            self.args.estimator_settings(),
             drop_tied=self.args.filter_tied_groups,
             keep_fraction=self.args.keep_group_fraction,
         )

@@ -1,0 +1,93 @@
+"""The advantage estimators of envhub_trl.estimators on hand-worked batches, and their registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+
+from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.estimators import ESTIMATORS, EstimatorSettings, TurnBatch, estimate, register  # noqa: E402
+
+
+def batch(rewards, traj_index, step_index, groups, keys=None) -> TurnBatch:
+    n = len(rewards)
+    return TurnBatch(
+        rewards=np.asarray(rewards, dtype=float),
+        traj_index=np.asarray(traj_index),
+        step_index=np.asarray(step_index),
+        state_keys=np.asarray(keys if keys is not None else [str(i) for i in range(n)], dtype=object),
+        traj_groups=np.asarray(groups),
+        env_ids=np.array(["lake"] * len(groups), dtype=object),
+    )
+
+
+# Episodes 0, 1, 2 in group 0 (returns 1, 0, 0.5); episode 3 alone in group 1 (return 2).
+THREE_AND_ONE = batch([0.0, 1.0, 0.0, 0.5, 2.0], [0, 0, 1, 2, 3], [0, 1, 0, 0, 0], [0, 0, 0, 1])
+
+
+def test_rloo_subtracts_the_mean_of_the_other_members():
+    out = estimate("rloo", THREE_AND_ONE)["advantages"]
+    # Episode 0: 1 - (0 + 0.5) / 2 = 0.75 on both its turns; episode 1: 0 - 0.75; episode 2: 0.5 - 0.5.
+    np.testing.assert_allclose(out, [0.75, 0.75, -0.75, 0.0, 0.0])
+
+
+def test_step_reinforce_normalises_discounted_returns_over_the_batch():
+    out = estimate("step_reinforce", THREE_AND_ONE, EstimatorSettings(step_reward_gamma=0.5))["advantages"]
+    returns = np.array([0.5, 1.0, 0.0, 0.5, 2.0])  # turn 0 of episode 0: 0 + 0.5 * 1
+    np.testing.assert_allclose(out, (returns - returns.mean()) / (returns.std(ddof=1) + 1e-6))
+    centred = estimate("step_reinforce", THREE_AND_ONE, EstimatorSettings(step_reward_gamma=0.5, norm="mean"))["advantages"]
+    np.testing.assert_allclose(centred, returns - returns.mean())
+
+
+def test_grpo_gives_every_turn_its_episodes_group_normalised_return():
+    out = estimate("grpo", THREE_AND_ONE, EstimatorSettings(norm="mean"))["advantages"]
+    np.testing.assert_allclose(out, [0.5, 0.5, -0.5, 0.0, 0.0])
+
+
+def test_gigpo_weights_its_two_levels_with_rolls_names():
+    # Two members of one group; both start in state "s" and move apart.
+    two = batch([0.0, 1.0, 0.0, 0.0], [0, 0, 1, 1], [0, 1, 0, 1], [0, 0], keys=["s", "a", "s", "b"])
+    settings = EstimatorSettings(episode_reward_weight=2.0, step_reward_weight=0.5, step_reward_gamma=1.0, norm="mean")
+    out = estimate("gigpo", two, settings)
+    # Episode level: +-0.5. Step level: state "s" holds returns 1 and 0 (+-0.5); "a" and "b" are met once (0).
+    np.testing.assert_allclose(out["advantages"], [2 * 0.5 + 0.5 * 0.5, 2 * 0.5, -2 * 0.5 - 0.5 * 0.5, -2 * 0.5])
+    np.testing.assert_array_equal(out["anchor_size"], [2, 1, 2, 1])
+
+
+def test_a_registered_estimator_is_usable_by_name_and_names_are_unique():
+    @register("test_constant")
+    def constant(batch, settings):
+        return {"advantages": np.ones_like(batch.rewards)}
+
+    try:
+        np.testing.assert_allclose(estimate("test_constant", THREE_AND_ONE)["advantages"], np.ones(5))
+        assert EnvGRPOConfig(output_dir="x", advantage_estimator="test_constant", use_cpu=True).advantage_estimator == "test_constant"
+        with pytest.raises(ValueError, match="already registered"):
+            register("test_constant")(constant)
+    finally:
+        del ESTIMATORS["test_constant"]
+
+    @register("test_wrong_shape")
+    def wrong(batch, settings):
+        return {"advantages": np.ones(1)}
+
+    try:
+        with pytest.raises(ValueError, match="returned"):
+            estimate("test_wrong_shape", THREE_AND_ONE)
+    finally:
+        del ESTIMATORS["test_wrong_shape"]
+    with pytest.raises(ValueError, match="unknown advantage estimator 'nope'"):
+        estimate("nope", THREE_AND_ONE)
+
+
+def test_config_takes_rolls_names_and_the_old_ones_as_aliases():
+    config = EnvGRPOConfig(output_dir="x", use_cpu=True, step_advantage_weight=0.3, step_gamma=0.8)
+    assert (config.step_reward_weight, config.step_reward_gamma) == (0.3, 0.8)
+    settings = EnvGRPOConfig(output_dir="x", use_cpu=True, step_reward_weight=0.3, episode_reward_weight=0.5).estimator_settings()
+    assert settings == EstimatorSettings(episode_reward_weight=0.5, step_reward_weight=0.3, step_reward_gamma=0.95, norm="mean_std")
+    with pytest.raises(ValueError, match="alias of step_reward_gamma"):
+        EnvGRPOConfig(output_dir="x", use_cpu=True, step_gamma=0.8, step_reward_gamma=0.7)
+    with pytest.raises(ValueError, match="advantage_estimator must be one of"):
+        EnvGRPOConfig(output_dir="x", use_cpu=True, advantage_estimator="ppo")

@@ -1,0 +1,160 @@
+"""The estimate stage: advantage estimators registered by name, over one typed per-turn batch.
+
+An estimator is a pure function ``(batch: TurnBatch, settings: EstimatorSettings) -> dict`` whose
+``"advantages"`` entry holds one advantage per turn of the batch (extra entries are per-turn
+diagnostics, such as GiGPO's ``anchor_size``). The trainer spreads each turn's advantage over
+that turn's model tokens (environment tokens get none). Adding an estimator is one decorated
+function here plus its test::
+
+    @register("my_estimator")
+    def my_estimator(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
+        return {"advantages": ...}
+
+``envhub train --algo`` and ``EnvGRPOConfig.advantage_estimator`` accept every registered name.
+
+Estimators here work from rewards alone: ``grpo`` and ``gigpo`` (exact, checked against an
+independent reference in the tests), ``rloo`` and ``step_reinforce``. Those that need model
+quantities (reference log-probs for REINFORCE++'s KL-shaped reward, a critic's values for PPO)
+are not here yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from envhub.rollout import Trajectory, step_arrays
+from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, grpo_advantages
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnBatch:
+    """A batch of episodes, flattened to one entry per turn (and one per episode where named).
+
+    Attributes:
+        rewards: ``(n_turns,)``, each turn's reward (the format penalty included).
+        traj_index: ``(n_turns,)``, the episode of each turn (``0 .. n_traj - 1``).
+        step_index: ``(n_turns,)``, the turn's number within its episode.
+        state_keys: ``(n_turns,)``, the state each reply was made in (GiGPO's anchors).
+        traj_groups: ``(n_traj,)``, each episode's env group (members share an initial state).
+        env_ids: ``(n_traj,)``, each episode's environment id.
+    """
+
+    rewards: np.ndarray
+    traj_index: np.ndarray
+    step_index: np.ndarray
+    state_keys: np.ndarray
+    traj_groups: np.ndarray
+    env_ids: np.ndarray
+
+    @classmethod
+    def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> TurnBatch:
+        """The batch of ``trajectories`` (in order: episode ``i`` is ``trajectories[i]``)."""
+        steps = step_arrays(trajectories)
+        return cls(
+            rewards=steps["rewards"],
+            traj_index=steps["traj_index"],
+            step_index=steps["step_index"],
+            state_keys=steps["state_keys"],
+            traj_groups=steps["traj_groups"],
+            env_ids=np.array([t.env_id for t in trajectories], dtype=object),
+        )
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.traj_groups)
+
+    @property
+    def returns(self) -> np.ndarray:
+        """``(n_traj,)``, each episode's undiscounted return."""
+        return np.bincount(self.traj_index, weights=self.rewards, minlength=self.num_episodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatorSettings:
+    """What the estimators read from the config, under ROLL's names.
+
+    Attributes:
+        episode_reward_weight: the weight of the episode-level advantage (GiGPO).
+        step_reward_weight: the weight of the step-level advantage (GiGPO's ω).
+        step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
+        norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
+    """
+
+    episode_reward_weight: float = 1.0
+    step_reward_weight: float = 1.0
+    step_reward_gamma: float = 0.95
+    norm: Norm = "mean_std"
+
+
+Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
+#: Every registered estimator, by name.
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register(name: str) -> Callable[[Estimator], Estimator]:
+    """Register an estimator under ``name`` (a second one under the same name is an error)."""
+
+    def decorate(function: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"an advantage estimator named {name!r} is already registered")
+        ESTIMATORS[name] = function
+        return function
+
+    return decorate
+
+
+def estimate(name: str, batch: TurnBatch, settings: EstimatorSettings | None = None) -> dict[str, Any]:
+    """Run the estimator ``name`` on ``batch``; returns at least ``advantages`` (one per turn)."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    out = ESTIMATORS[name](batch, settings or EstimatorSettings())
+    if np.shape(out["advantages"]) != np.shape(batch.rewards):
+        raise ValueError(f"estimator {name!r} returned {np.shape(out['advantages'])} advantages for {len(batch.rewards)} turns")
+    return out
+
+
+@register("grpo")
+def grpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
+    """GRPO: each episode's return normalised within its env group, on every one of its turns."""
+    return {"advantages": grpo_advantages(batch.returns, batch.traj_groups, settings.norm)[batch.traj_index]}
+
+
+@register("gigpo")
+def gigpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
+    """GiGPO: ``episode_reward_weight`` x the episode-level advantage plus ``step_reward_weight`` x
+    the step-level one (discounted per-turn returns normalised within anchor-state groups)."""
+    out = gigpo_advantages(
+        batch.rewards, batch.traj_index, batch.step_index, batch.traj_groups, batch.state_keys,
+        step_weight=settings.step_reward_weight, gamma=settings.step_reward_gamma, norm=settings.norm,
+    )
+    advantages = settings.episode_reward_weight * out["episode"][batch.traj_index] + settings.step_reward_weight * out["step"]
+    return {"advantages": advantages, "anchor_size": out["anchor_size"]}
+
+
+@register("rloo")
+def rloo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
+    """RLOO (Ahmadian et al., 2024): each episode's return minus the mean return of the *other*
+    members of its env group; 0 in a group of one. Not divided by a std."""
+    returns = batch.returns
+    _, labels, counts = np.unique(batch.traj_groups, return_inverse=True, return_counts=True)
+    totals = np.bincount(labels, weights=returns)
+    others = counts[labels] - 1
+    baseline = np.divide(totals[labels] - returns, others, out=np.zeros_like(returns), where=others > 0)
+    per_episode = np.where(others > 0, returns - baseline, 0.0)
+    return {"advantages": per_episode[batch.traj_index]}
+
+
+@register("step_reinforce")
+def step_reinforce(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-6) -> dict[str, np.ndarray]:
+    """ROLL's ``step_reinforce``: each turn's discounted return to the episode's end
+    (``step_reward_gamma``), normalised over the whole batch (mean, and std with ``mean_std``);
+    no group baseline, so env groups may have any size."""
+    returns = discounted_returns(batch.rewards, batch.traj_index, batch.step_index, settings.step_reward_gamma)
+    centred = returns - returns.mean() if len(returns) else returns
+    if settings.norm == "mean_std" and len(returns) > 1:
+        centred = centred / (returns.std(ddof=1) + eps)
+    return {"advantages": centred}
