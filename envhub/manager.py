@@ -23,7 +23,7 @@ from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
 from envhub.registration import spec
-from envhub.rollout import Trajectory, Turn
+from envhub.records import Trajectory, Turn
 
 #: The sample layouts: one sample per episode, or one per turn with a window of history.
 LAYOUTS = ("trajectory", "step")
@@ -138,7 +138,7 @@ class EnvGroupManager:
         self.instructions = instructions
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
-        #: Whether prompts carry the expert's action (set by ``rollout`` for generators that use it).
+        #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
         self.expert_hints = False
         self._slots: list[_Slot] = []
         self._order: list[int] = []
@@ -153,13 +153,16 @@ class EnvGroupManager:
         """How many episodes are still running."""
         return sum(slot.active for slot in self._slots)
 
-    def reset(self, epoch: int = 0, seeds: Sequence[int] | None = None) -> None:
+    def reset(self, epoch: int = 0, seeds: Sequence[int] | None = None, expert_hints: bool = False) -> None:
         """Start a new batch: every group resets with its seed and every episode starts afresh.
 
         Args:
             epoch: picks the group seeds from the base seed (see :func:`group_seeds`).
             seeds: one seed per group, instead of the derived ones.
+            expert_hints: fill ``Prompt.expert_action`` and ``Turn.expert_action`` with the
+                environment's oracle move (for generators that use it; it costs a plan per turn).
         """
+        self.expert_hints = bool(expert_hints)
         if seeds is None:
             seeds = group_seeds(self.seed, epoch, self.num_groups)
         elif len(seeds) != self.num_groups:

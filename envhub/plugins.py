@@ -18,6 +18,7 @@ from typing import Any
 import pluggy
 
 from envhub import hookspecs
+from envhub.registration import register, registry
 
 ENTRY_POINT_GROUP = "envhub"
 
@@ -103,8 +104,6 @@ class PluginHost:
         Only the ids its own hook registered are forgotten: another host loading the same plugin
         (tests build throwaway hosts) never removes the envs the real one registered.
         """
-        from envhub.registration import registry
-
         info = self.infos.get(name)
         for env_id in info.env_ids if info is not None else ():
             registry.remove(env_id)
@@ -138,8 +137,6 @@ class PluginHost:
 
 
 def _register_for(info: PluginInfo, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
-    from envhub.registration import register
-
     spec_kwargs.setdefault("plugin", info.name)
     spec_kwargs.setdefault("version", info.version)
     env_spec = register(id, entry_point, **spec_kwargs)
@@ -164,7 +161,17 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{location}"
 
 
+def _explain_unknown(env_id: str) -> str:
+    """For the registry's unknown-id message: the plugins of that namespace that failed to load."""
+    namespace = env_id.partition("/")[0]
+    broken = [p for p in plugin_infos() if p.error and namespace and namespace in p.name]
+    return "".join(f" Plugin {p.name} failed to load: {p.error}." for p in broken)
+
+
 host = PluginHost()
+# The host fills the registry and explains what it lacks; the registry does not know of plugins.
+registry.loader = host.load
+registry.explain_unknown = _explain_unknown
 
 
 def load_plugins() -> None:

@@ -108,15 +108,23 @@ class EnvSpec:
 
 
 class Registry:
-    """All registered specs, by id. Plugins are loaded on first access."""
+    """All registered specs, by id.
+
+    The registry knows nothing of plugins: the plugin host (:mod:`envhub.plugins`) binds
+    :attr:`loader`, which fills the registry before its first lookup, and :attr:`explain_unknown`,
+    which adds to the message for an unknown id (a plugin of that namespace that failed to load).
+    """
 
     def __init__(self) -> None:
         self._specs: dict[str, EnvSpec] = {}
+        #: Called before every lookup (it loads the plugins once).
+        self.loader: Callable[[], None] | None = None
+        #: More words for an unknown id, or "".
+        self.explain_unknown: Callable[[str], str] | None = None
 
     def _ensure_loaded(self) -> None:
-        from envhub import plugins  # plugins registers into this registry; import late to avoid a cycle
-
-        plugins.load_plugins()
+        if self.loader is not None:
+            self.loader()
 
     def add(self, env_spec: EnvSpec) -> EnvSpec:
         """Add ``env_spec``; raise ``DuplicateEnv`` if its id is taken."""
@@ -153,8 +161,6 @@ class Registry:
         raise UnknownEnv(self._unknown_message(env_id))
 
     def _unknown_message(self, env_id: str) -> str:
-        from envhub import plugins
-
         ids = sorted(self._specs)
         by_lower = {i.lower(): i for i in ids}
         close = difflib.get_close_matches(str(env_id).lower(), list(by_lower), n=3, cutoff=0.5)
@@ -162,9 +168,8 @@ class Registry:
         if close:
             message += " Did you mean " + " or ".join(repr(by_lower[c]) for c in close) + "?"
         namespace = str(env_id).partition("/")[0]
-        broken = [p for p in plugins.plugin_infos() if p.error and namespace and namespace in p.name]
-        for p in broken:
-            message += f" Plugin {p.name} failed to load: {p.error}."
+        if self.explain_unknown is not None:
+            message += self.explain_unknown(str(env_id))
         message += f" Did you install its plugin (pip install envhub-{namespace.lower()})? Run `envhub list` to see what is installed."
         return message
 

@@ -11,7 +11,7 @@ from envhub.error import InvalidAction
 from envhub_webshop.catalog import SMALL
 from envhub_webshop.errors import UnknownGoal
 from envhub_webshop.goals import DEFAULT_PRICE_SEED, cumulative_weights, weighted_index
-from envhub_webshop.oracle import Oracle
+from envhub_webshop.oracle import Oracle, oracle_for
 from envhub_webshop.render import OBSERVATION_MODES, TEXT, TEXT_RICH, observe
 from envhub_webshop.shop import SEARCH, ShopSession, load_shop
 
@@ -82,7 +82,7 @@ class WebShopEnv(TextEnv):
         self.upstream_quirks = upstream_quirks
         self.goal_sampling = goal_sampling
         self.show_attrs = show_attrs
-        self.oracle: Oracle = self.shop.oracle
+        self.oracle: Oracle = oracle_for(self.shop)
         self.instructions = INSTRUCTIONS.format(n=len(self.shop.catalog))
         self.session: ShopSession | None = None
         self._cum_weights: list[float] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import weakref
 
 from envhub_webshop.shop import DONE, ITEM, RESULTS, RESULTS_PER_PAGE, SEARCH, Shop, ShopSession
 
@@ -28,6 +29,20 @@ class SearchPlan:
 def _clean(text: str) -> str:
     # Brackets and newlines would change how search[...] parses; spaces do not change the terms.
     return " ".join(_UNSAFE.sub(" ", text).lower().split())
+
+
+#: One oracle per shop, shared by every env on it (its plans are cached per goal).
+_ORACLES: weakref.WeakKeyDictionary[Shop, Oracle] = weakref.WeakKeyDictionary()
+_ORACLES_LOCK = threading.Lock()
+
+
+def oracle_for(shop: Shop) -> Oracle:
+    """The shop's :class:`Oracle`, made on first use and shared (thread-safe)."""
+    with _ORACLES_LOCK:
+        oracle = _ORACLES.get(shop)
+        if oracle is None:
+            oracle = _ORACLES[shop] = Oracle(shop)
+    return oracle
 
 
 class Oracle:

@@ -65,18 +65,6 @@ class Shop:
         self.nouns = TitleNouns(get_tagger(title_tagger))
         self._search_lock = threading.Lock()
         self._search_cache: dict[str, list[str]] = {}
-        self._oracle: Any = None
-
-    @property
-    def oracle(self) -> Any:
-        """The shop's :class:`~envhub_webshop.oracle.Oracle`, made on first use and shared."""
-        if self._oracle is None:
-            from envhub_webshop.oracle import Oracle  # the oracle plans with this module's pages
-
-            with self._search_lock:
-                if self._oracle is None:
-                    self._oracle = Oracle(self)
-        return self._oracle
 
     def search(self, query: str) -> list[str]:
         """Return the asins of the top hits for ``query`` (cached per query, thread-safe)."""
