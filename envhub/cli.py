@@ -51,7 +51,7 @@ class EnvhubGroup(click.Group):
 
 
 @click.group(cls=EnvhubGroup, context_settings=CONTEXT_SETTINGS)
-@click.version_option(envhub.__version__, "--version", prog_name="envhub")
+@click.version_option(envhub.__version__, "--version", "-V", prog_name="envhub")
 def cli() -> None:
     """envhub: multi-turn text environments for training LLM agents with RL."""
 
@@ -138,7 +138,7 @@ def info(env_id: str, as_json: bool) -> None:
         click.echo(f"  {env_spec.description}")
     click.echo(f"\nInstructions:\n{env.instructions}")
     if payload["valid_actions"] is not None:
-        click.echo(f"\nActions: {', '.join(payload['valid_actions'])}")
+        click.echo(f"\nLegal actions on the first turn: {', '.join(payload['valid_actions'])}")
     click.echo(f"\nFirst observation (seed 0):\n{observation}")
 
 
@@ -155,11 +155,22 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+#: ``--render FILE`` suffixes written as one picture of each episode's last frame.
+STILL_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
 class FrameSink:
-    """Collects ``rgb_array`` frames and writes them as ``--render`` asks: a PNG of each episode's
-    last frame, a folder of PNG frames, or one GIF."""
+    """Collects ``rgb_array`` frames and writes them as ``--render`` asks: a picture of each
+    episode's last frame (``.png``, ``.jpg``, ``.jpeg``, ``.webp``, ``.bmp``), one GIF of every
+    frame, or, for a path without a suffix, a folder of PNG frames."""
 
     def __init__(self, path: Path):
+        suffix = path.suffix.lower()
+        if suffix and suffix != ".gif" and suffix not in STILL_SUFFIXES:
+            raise EnvhubError(
+                f"--render {path}: cannot write {suffix!r} pictures; use .gif (every frame), "
+                f"{', '.join(STILL_SUFFIXES)} (each episode's last frame) or a folder name without a suffix"
+            )
         try:
             from PIL import Image
         except ImportError as exc:
@@ -183,9 +194,9 @@ class FrameSink:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             images[0].save(self.path, save_all=True, append_images=images[1:], duration=400, loop=0)
             written.append(self.path)
-        elif suffix == ".png":
+        elif suffix in STILL_SUFFIXES:
             for i, episode in enumerate(self.frames):
-                target = self.path if len(self.frames) == 1 else self.path.with_name(f"{self.path.stem}-ep{i}.png")
+                target = self.path if len(self.frames) == 1 else self.path.with_name(f"{self.path.stem}-ep{i}{self.path.suffix}")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.image.fromarray(episode[-1]).save(target)
                 written.append(target)
@@ -197,6 +208,11 @@ class FrameSink:
                     self.image.fromarray(frame).save(target)
                     written.append(target)
         return written
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 turn``, ``2 turns``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: FrameSink | None = None) -> dict[str, Any]:
@@ -237,14 +253,14 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
     }
     if echo:
         outcome = "success" if success else "no success"
-        click.echo(f"--- {outcome}: return {total:g} in {env.turn} turns, {invalid} invalid actions")
+        click.echo(f"--- {outcome}: return {total:g} in {_count(env.turn, 'turn')}, {_count(invalid, 'invalid action')}")
     return record
 
 
 @cli.command("run")
 @click.argument("env_id")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first episode; episode i uses seed+i.")
-@click.option("--episodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the first episode; episode i uses seed+i.")
+@click.option("--episodes", type=click.IntRange(min=1), default=1, show_default=True, help="Episodes to play, one seed each.")
 @click.option("--policy", default="random", show_default=True,
               help="random, expert, human, or a model path (with envhub-trl installed).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
@@ -258,8 +274,13 @@ def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | Non
     trained_kwargs, trained_turns = getattr(chosen, "env_kwargs", None) or {}, getattr(chosen, "max_turns", None)
     if trained_kwargs or trained_turns:
         click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
-    env = make(env_id, max_turns=max_turns or trained_turns, **trained_kwargs, **({"render_mode": "rgb_array"} if render_path else {}))
     sink = FrameSink(render_path) if render_path else None
+    try:
+        env = make(env_id, max_turns=max_turns or trained_turns, **trained_kwargs, **({"render_mode": "rgb_array"} if render_path else {}))
+    except ValueError as exc:
+        if render_path is None or "render_mode" not in str(exc):
+            raise
+        raise click.ClickException(f"{env_id} cannot draw pictures, which --render needs: {exc}") from exc
     if policy == "human" and not as_json:
         click.echo(env.instructions)
     results = []

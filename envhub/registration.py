@@ -107,6 +107,17 @@ class EnvSpec:
         return env
 
 
+#: Namespaces of the known envhub plugins and the distribution that provides each (the install
+#: hint for an unknown id names only these, never a name made from what was typed).
+KNOWN_PLUGINS = {
+    "frozenlake": "envhub-frozenlake",
+    "sokoban": "envhub-sokoban",
+    "webshop": "envhub-webshop",
+    "gym": "envhub",
+    "pettingzoo": "envhub[pettingzoo]",
+}
+
+
 class Registry:
     """All registered specs, by id.
 
@@ -170,7 +181,10 @@ class Registry:
         namespace = str(env_id).partition("/")[0]
         if self.explain_unknown is not None:
             message += self.explain_unknown(str(env_id))
-        message += f" Did you install its plugin (pip install envhub-{namespace.lower()})? Run `envhub list` to see what is installed."
+        installed = {i.partition("/")[0] for i in ids}
+        if namespace not in installed and namespace in KNOWN_PLUGINS:
+            message += f" Its plugin is not installed: pip install '{KNOWN_PLUGINS[namespace]}'."
+        message += " Run `envhub list` to see what is installed."
         return message
 
     def __contains__(self, env_id: object) -> bool:

@@ -116,3 +116,52 @@ def test_installed_envhub_script_runs_in_a_subprocess():
     assert json.loads(out)["success"] is True
     out = subprocess.run([str(script), "list", "--json"], capture_output=True, text=True, timeout=120, check=True).stdout
     assert any(r["id"] == ENV for r in json.loads(out))
+
+
+# ---------------------------------------------------------------------- what a new user meets (issue 15)
+
+
+def test_bad_run_arguments_are_one_line_errors_not_tracebacks(tmp_path):
+    result = CliRunner().invoke(cli, ["run", ENV, "--seed", "-5"])
+    assert result.exit_code == 2 and "-5 is not in the range x>=0" in result.output
+    result = CliRunner().invoke(cli, ["run", ENV, "--render", str(tmp_path / "fl.gif")])
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {ENV} cannot draw pictures")
+    result = CliRunner().invoke(cli, ["run", "sokoban/Sokoban-v0", "--render", str(tmp_path / "boards.txt")])
+    assert result.exit_code == 1 and "cannot write '.txt' pictures" in result.output
+    assert not (tmp_path / "boards.txt").exists()
+
+
+def test_render_writes_jpeg_files_not_folders(tmp_path):
+    target = tmp_path / "board.jpg"
+    result = invoke("run", "sokoban/Sokoban-v0", "--policy", "expert", "--render", str(target))
+    assert result.exit_code == 0 and target.is_file() and target.read_bytes()[:3] == b"\xff\xd8\xff"
+    two = tmp_path / "two.jpeg"
+    invoke("run", "sokoban/Sokoban-v0", "--policy", "expert", "--episodes", "2", "--render", str(two))
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("two")) == ["two-ep0.jpeg", "two-ep1.jpeg"]
+
+
+def test_short_version_flag_python_m_and_counted_nouns():
+    assert invoke("-V").output.startswith("envhub, version ")
+    out = subprocess.run([sys.executable, "-m", "envhub", "-V"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.startswith("envhub, version ")
+    result = invoke("run", ENV, "--policy", "random", "--max-turns", "1")
+    assert "in 1 turn," in result.output and "1 turns" not in result.output
+    assert "Episodes to play, one seed each." in invoke("run", "--help").output
+
+
+def test_info_names_the_legal_actions_once():
+    output = invoke("info", "frozenlake/FrozenLake-v0").output
+    assert output.count("Legal actions on the first turn:") == 1
+
+
+def test_unknown_id_hints_name_only_real_distributions(monkeypatch):
+    from envhub import registration
+
+    result = CliRunner().invoke(cli, ["info", "nosuch"])
+    assert result.exit_code == 1 and "pip install" not in result.output and "envhub list" in result.output
+    result = CliRunner().invoke(cli, ["info", "frozenlake/FrozenLak-v0"])
+    assert "Did you mean 'frozenlake/FrozenLake-v0'" in result.output and "pip install" not in result.output
+    # A namespace of a known plugin that is not installed gets that plugin's real name.
+    monkeypatch.setitem(registration.KNOWN_PLUGINS, "textarena", "envhub-textarena")
+    result = CliRunner().invoke(cli, ["info", "textarena/Wordle-v0"])
+    assert "Its plugin is not installed: pip install 'envhub-textarena'" in result.output
