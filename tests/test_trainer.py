@@ -491,6 +491,41 @@ def test_train_command_rejects_unknown_config_fields(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max_steps: 'two'", "max_steps must be an integer, got 'two'"),
+        ("group_size: 4.5", "group_size must be an integer or null, got 4.5"),
+        ("use_cpu: maybe", "use_cpu must be true or false, got 'maybe'"),
+        ("max_steps: [1\n", "not valid YAML at line 2"),
+        ("- 1\n- 2", "must hold a mapping of config fields, got list"),
+    ],
+)
+def test_a_bad_config_file_is_named_by_field_and_type_before_anything_loads(tmp_path, text, message):
+    from envhub.cli import cli
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out")])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
+    from envhub.cli import cli
+    from envhub_trl.train_command import load_config_file
+
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 1e-4\ngroup_size: '4'\nwarm_start: {steps: 5}\n")
+    values = load_config_file(str(config), ["max_steps=200", "warm_start.epsilon=0.1", "instructions=Go east"])
+    assert values == {
+        "learning_rate": 1e-4, "group_size": 4, "max_steps": 200, "warm_start": {"steps": 5, "epsilon": 0.1}, "instructions": "Go east",
+    }
+    assert isinstance(values["learning_rate"], float)
+    result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out"), "learning_rate=fast"])
+    assert result.exit_code == 1 and "learning_rate must be a number, got 'fast'" in result.output
+
+
+@pytest.mark.parametrize(
     ("warm_start", "message"),
     [
         ("{stepz: 3}", "unknown warm_start keys ['stepz']"),

@@ -1,0 +1,164 @@
+"""Config values from a YAML file and ``KEY=VALUE`` overrides, checked against the dataclass's
+annotations before anything loads.
+
+YAML reads ``1e-4`` as a string and ``4.5`` as a float wherever they are written; TRL's own checks
+would catch some of that late, under TRL's field names, after a model has loaded. Here every value
+is checked (and, where it is safe, converted) against the field's annotation when the file is read,
+and a problem names the field and the type it expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type, an unknown field, or a malformed file or override."""
+
+
+def _describe(annotation: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping", list: "a list"}
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(annotation))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    return names.get(origin or annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """``value`` as ``annotation`` wants it; raises ``ValueError`` if it cannot be."""
+    origin = typing.get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        # Exact matches first, so that "5" stays a string where a string is allowed.
+        for option in options:
+            if option is not type(None) and _matches(value, option):
+                return value
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(value, option)
+            except ValueError:
+                continue
+        raise ValueError
+    if origin is Literal:
+        if value in typing.get_args(annotation):
+            return value
+        raise ValueError
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if annotation is int:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            return int(value.strip())
+        raise ValueError
+    if annotation is float:
+        if isinstance(value, bool):
+            raise ValueError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            return float(value.strip())
+        raise ValueError
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return annotation(value)
+    if origin in (dict, list) or annotation in (dict, list):
+        if isinstance(value, origin or annotation):
+            return value
+        raise ValueError
+    return value  # anything else (a config object): the dataclass checks it
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    if annotation in (int, float) and isinstance(value, bool):
+        return False
+    if annotation is float:
+        return isinstance(value, float)
+    base = typing.get_origin(annotation) or annotation
+    return isinstance(base, type) and isinstance(value, base)
+
+
+def check_values(values: dict[str, Any], config_class: type, extra: typing.Collection[str] = (), source: str = "config") -> dict[str, Any]:
+    """``values`` with each checked and converted against ``config_class``'s annotation.
+
+    Keys in ``extra`` are passed through unchecked (the caller handles them).
+
+    Raises:
+        ConfigError: naming ``source``, the field and the type it expects.
+    """
+    hints = typing.get_type_hints(config_class)
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - fields - set(extra))
+    if unknown:
+        raise ConfigError(f"{source}: unknown config fields {unknown}; see {config_class.__name__} for the fields")
+    checked = {}
+    for key, value in values.items():
+        if key in extra:
+            checked[key] = value
+            continue
+        try:
+            checked[key] = _coerce(value, hints[key])
+        except (ValueError, TypeError):
+            raise ConfigError(f"{source}: {key} must be {_describe(hints[key])}, got {value!r}") from None
+    return checked
+
+
+def read_yaml_mapping(path: str) -> dict[str, Any]:
+    """The mapping in the YAML file ``path`` (empty for an empty file)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{at}: {problem}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a mapping of config fields, got {type(values).__name__}")
+    return values
+
+
+def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
+    """``values`` updated by Hydra-style ``KEY=VALUE`` overrides (``VALUE`` read as YAML, so
+    ``max_steps=200`` is an integer); ``a.b=VALUE`` sets key ``b`` of the mapping ``a``."""
+    values = dict(values)
+    for override in overrides:
+        key, sep, raw = override.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r} is not KEY=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        target = values
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            child = target.get(parent)
+            target[parent] = child = dict(child) if isinstance(child, dict) else {}
+            target = child
+        target[leaf] = value
+    return values
