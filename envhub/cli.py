@@ -41,13 +41,20 @@ class EnvhubGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._attach_plugins()
-        return super().get_command(ctx, cmd_name)
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in PLUGIN_COMMANDS:
+            ctx.fail(f"`envhub {cmd_name}` comes with a plugin that is not installed: pip install '{PLUGIN_COMMANDS[cmd_name]}'")
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+#: Commands that plugins add, and the distribution of each (named when it is missing).
+PLUGIN_COMMANDS = {"train": "envhub-trl", "eval": "envhub-trl", "export-sft": "envhub-trl", "webshop": "envhub-webshop"}
 
 
 @click.group(cls=EnvhubGroup, context_settings=CONTEXT_SETTINGS)
@@ -71,11 +78,23 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 # ---------------------------------------------------------------------- list / plugins / info
 
 
+def _warn_unmatched_plugins() -> None:
+    """Warn on stderr about ENVHUB_PLUGINS names that match no installed plugin."""
+    plugins.load_plugins()
+    if plugins.host.unmatched_allowed:
+        click.echo(
+            f"warning: ENVHUB_PLUGINS names no installed plugin {plugins.host.unmatched_allowed}; "
+            f"installed: {', '.join(plugins.host.available)}",
+            err=True,
+        )
+
+
 @cli.command("list")
 @json_option
 def list_envs(as_json: bool) -> None:
     """List every registered environment, and plugins that failed to load."""
     specs = registry.values()
+    _warn_unmatched_plugins()
     broken = [p for p in plugins.plugin_infos() if p.error]
     if as_json:
         rows = [
@@ -100,6 +119,7 @@ def list_envs(as_json: bool) -> None:
 def list_plugins(as_json: bool) -> None:
     """List the plugins envhub found, with their hooks and any load error."""
     infos = plugins.plugin_infos()
+    _warn_unmatched_plugins()
     if as_json:
         click.echo(json.dumps([p.to_json() for p in infos], indent=2))
         return

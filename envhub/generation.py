@@ -87,12 +87,16 @@ def get_policy(name: str, env_id: str, seed: int | None = None) -> Policy:
         return POLICIES[name](seed=seed)
     from envhub.plugins import get_plugin_manager
 
-    policy = get_plugin_manager().hook.make_policy(name=name, env_id=env_id, seed=seed)
+    manager = get_plugin_manager()
+    policy = manager.hook.make_policy(name=name, env_id=env_id, seed=seed)
     if policy is None:
-        raise PolicyError(
-            f"no policy called {name!r}: use one of {sorted(POLICIES)}, or a model path with the trainer "
-            "plugin installed (pip install envhub-trl)"
-        )
+        message = f"no policy called {name!r}: use one of {sorted(POLICIES)}"
+        if not manager.hook.make_policy.get_hookimpls():
+            raise PolicyError(f"{message}, or a model path with the trainer plugin installed (pip install envhub-trl)")
+        looks_like_path = "/" in name and (name.startswith((".", "/", "~")) or name.count("/") != 1)
+        if looks_like_path:
+            raise PolicyError(f"{message}; {name} is not a model folder (it does not exist or holds no config.json)")
+        raise PolicyError(f"{message}, a model folder, 'tiny', 'smollm2-135m' or a Hugging Face model id")
     return policy
 
 

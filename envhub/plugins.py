@@ -57,6 +57,10 @@ class PluginHost:
         self.pm.add_hookspecs(hookspecs)
         self.infos: dict[str, PluginInfo] = {}
         self.loaded = False
+        #: Names in ENVHUB_PLUGINS that match no plugin (the CLI warns about them).
+        self.unmatched_allowed: list[str] = []
+        #: Every plugin name ENVHUB_PLUGINS could have named.
+        self.available: list[str] = []
 
     def load(self) -> None:
         """Load default and entry-point plugins and run their ``register_envs`` hooks, once."""
@@ -64,6 +68,12 @@ class PluginHost:
             return
         self.loaded = True
         allowed = _allowed_plugins()
+        names = set(DEFAULT_PLUGINS)
+        for ep in _entry_points():
+            dist = getattr(ep, "dist", None)
+            names |= {ep.name, dist.name if dist is not None else ep.name}
+        self.available = sorted(names)
+        self.unmatched_allowed = sorted(set(allowed or ()) - names)
         for name, module_name in DEFAULT_PLUGINS.items():
             if allowed is None or name in allowed:
                 version = importlib.metadata.version("envhub")

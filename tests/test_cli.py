@@ -165,3 +165,20 @@ def test_unknown_id_hints_name_only_real_distributions(monkeypatch):
     monkeypatch.setitem(registration.KNOWN_PLUGINS, "textarena", "envhub-textarena")
     result = CliRunner().invoke(cli, ["info", "textarena/Wordle-v0"])
     assert "Its plugin is not installed: pip install 'envhub-textarena'" in result.output
+
+
+def test_policy_errors_point_at_the_real_cure():
+    result = CliRunner().invoke(cli, ["run", ENV, "--policy", "/nonexistent/model"])
+    assert result.exit_code == 1 and "is not a model folder" in result.output and "pip install" not in result.output
+    result = CliRunner().invoke(cli, ["run", ENV, "--policy", "psychic"])
+    assert "a model folder, 'tiny', 'smollm2-135m' or a Hugging Face model id" in result.output
+
+
+def test_missing_plugin_commands_and_unmatched_plugin_filters_are_named():
+    env = {**os.environ, "ENVHUB_PLUGINS": "frozenlake,nosuch", "HF_HUB_OFFLINE": "1"}
+    script = Path(sys.executable).parent / "envhub"
+    result = subprocess.run([str(script), "eval", ENV], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2 and "`envhub eval` comes with a plugin that is not installed: pip install 'envhub-trl'" in result.stderr
+    result = subprocess.run([str(script), "list"], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and "warning: ENVHUB_PLUGINS names no installed plugin ['nosuch']" in result.stderr
+    assert "frozenlake/FrozenLake-v0" in result.stdout
