@@ -165,9 +165,17 @@ def info(env_id: str, as_json: bool) -> None:
 # ---------------------------------------------------------------------- run
 
 
+def _ask(text: str) -> str:
+    """One line from the person (the prompt on stderr, so that --json output stays clean)."""
+    try:
+        return click.prompt(text.rstrip("> "), prompt_suffix="> ", err=True)
+    except click.Abort:  # click turns the end of input into Abort
+        raise EOFError from None
+
+
 def _policy(name: str, env_id: str, seed: int) -> Policy:
     if name == "human":  # prompts go to stderr so that --json output stays clean
-        return HumanPolicy(prompt=lambda text: click.prompt(text.rstrip("> "), prompt_suffix="> ", err=True))
+        return HumanPolicy(prompt=_ask, show=lambda text: click.echo(text, err=True))
     return get_policy(name, env_id, seed)
 
 
@@ -235,6 +243,16 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def _what_happened(action: str, info: dict[str, Any]) -> str:
+    """What a move did when it is not what was chosen: slid elsewhere on ice, or blocked."""
+    moved = info.get("moved")
+    if moved is not None and moved != action:
+        return " (you did not move)" if moved == "nowhere" else f" (you slid: moved {moved})"
+    if info.get("moved_player") is False:
+        return " (blocked: you did not move)"
+    return ""
+
+
 def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: FrameSink | None = None) -> dict[str, Any]:
     """Play one episode from ``reset(seed=seed)``; return the ``envhub run --json`` record."""
     observation, info = env.reset(seed=seed)
@@ -259,7 +277,7 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
             sink.add(env.render_rgb())
         if echo:
             flag = "" if info["action_is_valid"] else "  (invalid)"
-            click.echo(f"\nturn {env.turn}: {action} -> reward {float(reward):+g}{flag}\n{observation}")
+            click.echo(f"\nturn {env.turn}: {action}{_what_happened(action, info)} -> reward {float(reward):+g}{flag}\n{observation}")
         if terminated or truncated:
             break
     record = {
@@ -309,6 +327,11 @@ def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | Non
         results.append(record)
         if as_json:
             click.echo(json.dumps(record, default=str))
+        if getattr(chosen, "stopped", False):  # the person quit, or their input ended
+            if i + 1 < episodes:
+                click.echo(f"stopped after {_count(i + 1, 'episode')} of {episodes}", err=True)
+            episodes = i + 1
+            break
     if sink is not None:
         written = sink.write()
         click.echo(f"wrote {len(written)} picture file(s) to {render_path}", err=as_json)

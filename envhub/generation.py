@@ -53,17 +53,45 @@ class ExpertPolicy:
         return action
 
 
-class HumanPolicy:
-    """Reads each action from a prompt function (``input`` by default)."""
+class StopPlay(EOFError):
+    """The person asked to stop (``quit``), or their input ended: no further episode should start."""
 
-    def __init__(self, prompt: Callable[[str], str] = input):
+
+class HumanPolicy:
+    """Reads each action from a prompt function (``input`` by default).
+
+    ``help`` (or ``?``) shows the legal actions and the instructions without spending a turn;
+    ``quit`` (or ``exit``, or the end of input) stops: :class:`StopPlay` is raised, and
+    :attr:`stopped` tells the caller not to start another episode. Anything else is the reply,
+    and the environment judges it (junk is an invalid action, as it would be from a model).
+    """
+
+    HELP = ("help", "?", "h")
+    QUIT = ("quit", "exit", "q")
+
+    def __init__(self, prompt: Callable[[str], str] = input, show: Callable[[str], Any] = print):
         self.prompt = prompt
+        self.show = show
+        self.stopped = False
 
     def act(self, env: TextEnv, observation: str) -> str:
-        """Return what the person typed (EOFError ends the episode upstream)."""
+        """Return what the person typed; raises :class:`StopPlay` on ``quit`` or end of input."""
         legal = env.valid_actions()
         hint = f" [{' / '.join(legal)}]" if legal else ""
-        return self.prompt(f"action{hint}> ")
+        while True:
+            try:
+                text = self.prompt(f"action{hint} (help, quit)> ")
+            except EOFError:
+                self.stopped = True
+                raise StopPlay("end of input") from None
+            word = text.strip().lower()
+            if word in self.QUIT:
+                self.stopped = True
+                raise StopPlay("quit")
+            if word not in self.HELP:
+                return text
+            actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
+            self.show(f"{actions}\n{env.instructions}\nType an action, or quit to stop.")
 
 
 #: Policies selectable by name in ``envhub run --policy``.

@@ -182,3 +182,32 @@ def test_missing_plugin_commands_and_unmatched_plugin_filters_are_named():
     result = subprocess.run([str(script), "list"], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and "warning: ENVHUB_PLUGINS names no installed plugin ['nosuch']" in result.stderr
     assert "frozenlake/FrozenLake-v0" in result.stdout
+
+
+def test_human_help_costs_no_turn_and_quit_or_end_of_input_stops_every_episode():
+    result = invoke("run", ENV, "--policy", "human", "--episodes", "3", "--json", input="help\nRight\nquit\n")
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 1  # quit stops the run, not only the episode
+    assert [t["action"] for t in records[0]["transcript"][1:]] == ["Right"] and records[0]["turns"] == 1
+    assert "Legal actions now: Left, Down, Right, Up." in result.stderr
+    assert "stopped after 1 episode of 3" in result.stderr
+    result = invoke("run", ENV, "--policy", "human", "--episodes", "2", "--json", input="Up\n")  # input ends mid-episode
+    assert len(result.stdout.splitlines()) == 1
+
+
+def test_people_see_what_a_move_did_when_it_is_not_what_they_chose():
+    from envhub import make
+
+    env = make("frozenlake/FrozenLake-v0")
+    env.reset(seed=0)
+    slid = False
+    for _ in range(20):
+        _, _, terminated, truncated, info = env.step("Right")
+        assert info["moved"] in ("Left", "Down", "Right", "Up", "nowhere")
+        slid |= info["moved"] not in ("Right", "nowhere")
+        if terminated or truncated:
+            break
+    lines = invoke("run", "frozenlake/FrozenLake-v0", "--policy", "random", "--seed", "3", "--max-turns", "8").output
+    assert "(you slid: moved " in lines
+    lines = invoke("run", ENV, "--policy", "human", input="Up\nquit\n").output
+    assert "turn 1: Up (you did not move) -> reward +0" in lines  # the top edge

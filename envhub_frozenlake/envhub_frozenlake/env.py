@@ -119,8 +119,14 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         return self._draw(), {"map": "\n".join(desc)}
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        width = len(self.desc[0])
+        before = divmod(int(self._lake.s), width)
         _, reward, terminated, _, _ = self._lake.step(self.action_index(action))
-        return self._draw(), float(reward), bool(terminated), {}
+        after = divmod(int(self._lake.s), width)
+        step = (after[0] - before[0], after[1] - before[1])
+        # Where the player went, which slippery ice can make another direction than the one chosen.
+        moved = {(0, -1): "Left", (1, 0): "Down", (0, 1): "Right", (-1, 0): "Up"}.get(step, "nowhere")
+        return self._draw(), float(reward), bool(terminated), {"moved": moved}
 
     def state_key(self) -> str:
         """The grid as drawn: map and player position."""
