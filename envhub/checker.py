@@ -26,6 +26,7 @@ import numpy as np
 
 from envhub.actions import TagFormat, apply_reply
 from envhub.core import INFO_KEYS, TextEnv
+from envhub.error import MissingDependency
 from envhub.registration import EnvSpec, make, spec
 
 #: Length of the episodes the determinism checks replay.
@@ -34,11 +35,13 @@ TRACE_TURNS = 30
 
 @dataclasses.dataclass
 class CheckResult:
-    """One check: its name, whether it passed, and what went wrong."""
+    """One check: its name, whether it passed, and what went wrong (or why it was skipped:
+    ``skipped`` holds the reason, and a skipped check counts as passed)."""
 
     name: str
     passed: bool
     detail: str = ""
+    skipped: str = ""
 
 
 @dataclasses.dataclass
@@ -62,10 +65,15 @@ class CheckReport:
         """A readable report: one line per check, details indented under failures."""
         lines = [f"envhub check {self.env_id}"]
         for r in self.results:
+            if r.skipped:
+                lines.append(f"  SKIP  {r.name}: {r.skipped}")
+                continue
             lines.append(f"  {'PASS' if r.passed else 'FAIL'}  {r.name}")
             if r.detail and not r.passed:
                 lines.extend(f"        {line}" for line in r.detail.splitlines())
-        lines.append(f"{sum(r.passed for r in self.results)}/{len(self.results)} checks passed")
+        ran = [r for r in self.results if not r.skipped]
+        skipped = len(self.results) - len(ran)
+        lines.append(f"{sum(r.passed for r in ran)}/{len(ran)} checks passed" + (f", {skipped} skipped" if skipped else ""))
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -75,6 +83,10 @@ class CheckReport:
 
 class _Failure(Exception):
     """A check's assertion failed; the message says how."""
+
+
+class _Skip(Exception):
+    """A check does not apply to this environment; the message says why."""
 
 
 def _require(condition: bool, message: str) -> None:
@@ -262,6 +274,9 @@ def _check_state_key(env: TextEnv) -> None:
 
 
 def _check_expert(env: TextEnv) -> None:
+    env.reset(seed=0)
+    if env.expert_action() is None:
+        raise _Skip("no expert")
     for seed in range(3):
         env.reset(seed=seed)
         for _ in range(env.max_turns or 50):
@@ -279,7 +294,7 @@ def _check_expert(env: TextEnv) -> None:
 
 def _check_turn_limit(env: TextEnv) -> None:
     if env.max_turns is None:
-        return
+        raise _Skip("no turn limit")
     env.reset(seed=11)
     for turn in range(1, env.max_turns + 1):
         _, _, terminated, truncated, _ = env.reject("checker: burn a turn")
@@ -335,6 +350,14 @@ def check_env(env_id: str, *, fuzz: int = 1000, cross_process: bool = True, **ma
     def make_env() -> TextEnv:
         return make(env_id, **make_kwargs)
 
+    try:
+        make_env().reset(seed=0)
+    except (FileNotFoundError, MissingDependency) as exc:
+        # Data or an optional dependency is missing: nothing can be checked, and nothing is wrong
+        # with the environment itself. Reported once, as skipped, with the reason.
+        report.results.append(CheckResult("environment can be made", True, skipped=f"{type(exc).__name__}: {exc}"))
+        return report
+
     checks: list[tuple[str, Callable[[], None]]] = [
         ("reset/step types and info keys", lambda: _check_types(make_env())),
         ("same seed, same episode (one process)", lambda: _check_same_process(make_env)),
@@ -349,6 +372,8 @@ def check_env(env_id: str, *, fuzz: int = 1000, cross_process: bool = True, **ma
     for name, run in checks:
         try:
             run()
+        except _Skip as exc:
+            report.results.append(CheckResult(name, True, skipped=str(exc)))
         except _Failure as exc:
             report.results.append(CheckResult(name, False, str(exc)))
         except Exception as exc:

@@ -127,3 +127,32 @@ def test_fuzz_corpus_covers_the_named_kinds_of_junk():
     assert any("\x00" in r for r in replies) and any(ord(c) > 0x2000 for r in replies for c in r)
     assert any(r.count("<answer>") > 1 for r in replies) and "<answer>" in replies
     assert any("Up" in r and r != "<answer>Up</answer>" for r in replies)
+
+
+def test_an_env_whose_data_is_missing_is_skipped_once_with_the_reason(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from envhub.cli import cli
+
+    monkeypatch.setenv("ENVHUB_WEBSHOP_DATA", str(tmp_path / "none"))
+    result = CliRunner().invoke(cli, ["check", "webshop/WebShop-v0", "frozenlake/FrozenLakeNotSlippery-v0"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("SKIP  environment can be made: DataNotFound: WebShop data not found") == 1
+    assert "Traceback" not in result.output and "0/0 checks passed, 1 skipped" in result.output
+    assert "7/7 checks passed" in result.output
+
+
+class NoExpert(Good):
+    def expert_action(self):
+        return None
+
+
+def test_checks_that_do_not_apply_say_skipped():
+    envhub.register("test/NoExpert-v0", NoExpert, max_turns=6)
+    try:
+        report = check_env("test/NoExpert-v0", cross_process=False)
+    finally:
+        envhub.registry.remove("test/NoExpert-v0")
+    expert = next(r for r in report.results if r.name == "expert_action is legal")
+    assert report.ok and expert.skipped == "no expert"
+    assert "SKIP  expert_action is legal: no expert" in report.format() and "PASS  expert_action" not in report.format()
