@@ -446,16 +446,18 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
         "max_turns: 8\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
-        "max_turn_tokens: 6\neval_episodes: 4\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+        "max_turn_tokens: 6\neval_episodes: 64\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
         "instructions: Move P to G.\nwarm_start: {steps: 500, episodes: 4, epsilon: 0.5, learning_rate: '1e-3'}\n"
     )
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        cli, ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "2"],
+        cli, ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "2",
+              "--eval-episodes", "4"],
     )
     assert result.exit_code == 0, result.output
     # The config file's warm start, with the flag's step count over its own.
     assert "warm start: 2 supervised steps on 4 expert episodes, the expert taking a random move with probability 0.5" in result.output
+    assert "held-out, after RL, greedy" in result.stderr  # each evaluation's progress bar, on stderr
     for stage in ("initial model", "after warm start (SFT)", "after RL"):
         assert stage in result.output
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

@@ -471,3 +471,9 @@ def test_completion_text_matches_ids(hf, tokenizer):
     prompt = Prompt(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=False), [])
     completion: Completion = hf.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def test_eval_prints_only_its_table_on_stdout(cli, tiny_path):
+    result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tiny_path), "--episodes", "2", "--max-turns", "2", "--no-references"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("env_id ")  # no stray progress label before the table

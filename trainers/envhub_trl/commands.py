@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +13,7 @@ from envhub.generation import ExpertGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.prompts import SETTINGS_FILE, TrainedOn
 from envhub.rollout import batch_metrics, rollout
-
-
-def _progress(label: str, total: int, to_stderr: bool) -> Any:
-    """A progress bar over ``total`` episodes; on stderr when stdout carries JSON."""
-    return click.progressbar(length=total, label=label, file=sys.stderr if to_stderr else None)
-
-
-def _finished_counter(bar: Any, manager: EnvGroupManager) -> Callable[[EnvGroupManager], None]:
-    """An ``on_turn`` callback that advances ``bar`` by the episodes finished since the last turn."""
-    done = [0]
-
-    def update(m: EnvGroupManager) -> None:
-        finished = m.num_envs - m.num_active
-        bar.update(finished - done[0])
-        done[0] = finished
-
-    return update
+from envhub_trl.evaluation import finished_counter, progress_bar
 
 
 @click.command("eval")
@@ -91,8 +73,8 @@ def eval_command(
             tokenizer=generator.tokenizer, **prompt.manager_kwargs(),
         )
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        with _progress("episodes", episodes, as_json) as bar:
-            trajectories = rollout(manager, generator, sampling, on_turn=_finished_counter(bar, manager))
+        with progress_bar("episodes", episodes) as bar:
+            trajectories = rollout(manager, generator, sampling, on_turn=finished_counter(bar))
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     metrics = batch_metrics(trajectories)
@@ -166,8 +148,8 @@ def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_
         raise click.ClickException(f"{out_dir} exists and is not empty; choose a new folder")
     try:
         manager = EnvGroupManager(env_id, episodes, 1, seed=seed, max_turns=max_turns)
-        with _progress("episodes", episodes, False) as bar:
-            trajectories = rollout(manager, ExpertGenerator(), SamplingParams(), on_turn=_finished_counter(bar, manager))
+        with progress_bar("episodes", episodes) as bar:
+            trajectories = rollout(manager, ExpertGenerator(), SamplingParams(), on_turn=finished_counter(bar))
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     failed = [t for t in trajectories if t.error is not None]

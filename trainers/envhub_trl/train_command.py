@@ -68,7 +68,10 @@ def split_warm_start(values: dict[str, Any], source: str | None = None, override
 
 def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
     """Held-out metrics of the greedy policy and of the policy sampled as in training (echoed to stderr)."""
-    metrics = {"greedy": trainer.evaluate_env(), "sampled": trainer.evaluate_env(greedy=False)}
+    metrics = {
+        "greedy": trainer.evaluate_env(label=f"held-out, {stage}, greedy"),
+        "sampled": trainer.evaluate_env(greedy=False, label=f"held-out, {stage}, sampled"),
+    }
     click.echo(
         f"held-out success, {stage}: {metrics['greedy']['success_rate']:.1%} greedy, {metrics['sampled']['success_rate']:.1%} sampled",
         err=True,
@@ -229,8 +232,12 @@ def _sampling_text(args: Any) -> str:
 @click.option("--warm-start-lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate of the warm start (default 1e-3).")
 @click.option("--warm-start-epsilon", default=None, type=click.FloatRange(0, 1),
               help="Probability that the demonstrator takes a random move instead of the expert's (default 0).")
+@click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
-def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon, overrides):
+def train_command(
+    env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
+    eval_episodes, overrides,
+):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
     KEY=VALUE arguments override the config file's fields, as Hydra's do (max_steps=200
@@ -243,6 +250,8 @@ def train_command(env_id, model_name, algo, config_file, output_dir, warm_start_
         values["env_id"] = env_id
     if algo is not None:
         values["advantage_estimator"] = algo
+    if eval_episodes is not None:
+        values["eval_episodes"] = eval_episodes
     values["output_dir"] = output_dir
     flags = {"steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon}
     warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})

@@ -273,13 +273,14 @@ class EnvGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate_env(
-        self, seeds: list[int] | None = None, greedy: bool = True, generator: Generator | None = None
+        self, seeds: list[int] | None = None, greedy: bool = True, generator: Generator | None = None, label: str | None = None
     ) -> dict[str, float]:
         """Success of the current model on held-out seeds (``args.eval_episodes`` from
         ``args.eval_seed_offset`` by default), greedy or sampled as in training (seeded with
         ``args.seed``, so reruns repeat); returns :func:`envhub.rollout.batch_metrics`.
 
-        ``generator`` plays instead of the model (a reference policy on the same seeds)."""
+        ``generator`` plays instead of the model (a reference policy on the same seeds); ``label``
+        shows a progress bar on stderr."""
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
@@ -291,4 +292,4 @@ class EnvGRPOTrainer(GRPOTrainer):
             seed=args.seed,
         )
         generator = generator if generator is not None else self.generator
-        return evaluate_generator(generator, self.processing_class, args.env_id, seeds, sampling, **args.manager_kwargs())
+        return evaluate_generator(generator, self.processing_class, args.env_id, seeds, sampling, label=label, **args.manager_kwargs())
