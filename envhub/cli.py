@@ -18,6 +18,7 @@ import envhub
 from envhub import plugins
 from envhub.checker import check_env
 from envhub.core import TextEnv, shorten
+from envhub.actions import apply_reply
 from envhub.error import EnvhubError
 from envhub.generation import HumanPolicy, Policy, get_policy
 from envhub.registration import make, registry, spec
@@ -265,10 +266,17 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
     total, invalid, success = 0.0, 0, bool(info["success"])
     while True:
         try:
-            action = policy.act(env, observation)
+            if hasattr(policy, "respond"):  # a model: its reply is judged as in training
+                outcome = apply_reply(env, policy.respond(env, observation), policy.fmt)
+                action = outcome.parsed.action if outcome.parsed.valid and outcome.parsed.action else policy.last_reply
+                observation, reward, terminated, truncated, info = (
+                    outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
+                )
+            else:
+                action = policy.act(env, observation)
+                observation, reward, terminated, truncated, info = env.step(action)
         except (EOFError, click.Abort):
             break
-        observation, reward, terminated, truncated, info = env.step(action)
         total += float(reward)
         invalid += not info["action_is_valid"]
         success = bool(info["success"])

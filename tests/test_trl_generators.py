@@ -25,6 +25,8 @@ pytest.importorskip("transformers")
 import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+from envhub.actions import parse_reply  # noqa: E402
+
 import envhub  # noqa: E402
 from envhub.error import PolicyError  # noqa: E402
 from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams, get_policy  # noqa: E402
@@ -463,6 +465,8 @@ def test_run_policy_model_path_plays_through_the_hook(tiny_path):
     replies = [m["content"] for m in policy.messages if m["role"] == "assistant"]
     for step, reply in zip(record["transcript"][1:], replies):  # the named action, or the reply the env rejects
         assert step["action"] in {"Left", "Down", "Right", "Up"} or (step["action"] == reply and not step["info"]["action_is_valid"])
+        if not step["info"]["action_is_valid"]:  # judged in the reply format, as in training
+            assert step["info"]["invalid_reason"] == parse_reply(reply, ["Left", "Down", "Right", "Up"], policy.fmt).error
     with pytest.raises(PolicyError):
         get_policy(str(tiny_path / "missing"), LAKE)
 

@@ -48,6 +48,12 @@ class ModelPolicy:
         self.messages: list[dict[str, str]] = []
         self.last_reply: str | None = None
 
+    def respond(self, env: TextEnv, observation: str) -> str:
+        """The model's whole reply to ``observation`` (``envhub run`` applies it with
+        :func:`envhub.actions.apply_reply` in :attr:`fmt`, as training does)."""
+        self.act(env, observation)
+        return self.last_reply or ""
+
     def act(self, env: TextEnv, observation: str) -> str:
         """Return the action named by the model's reply to ``observation``."""
         legal = env.valid_actions()
