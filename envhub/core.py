@@ -13,7 +13,7 @@ and explain themselves, the turn limit truncates, and stepping a finished episod
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -47,11 +47,21 @@ def shorten(text: str, width: int = 60) -> str:
 
 
 class TextSpace(spaces.Space[str]):
-    """The space of Python strings of at most ``max_length`` characters (any Unicode)."""
+    """The space of Python strings of at most ``max_length`` characters (any Unicode).
 
-    def __init__(self, max_length: int = 1 << 20, seed: int | np.random.Generator | None = None):
+    ``legal`` (an env's ``valid_actions``) makes :meth:`sample` draw a legal action whenever the
+    legal actions are a finite list, as Gymnasium users expect of ``action_space.sample()``.
+    """
+
+    def __init__(
+        self,
+        max_length: int = 1 << 20,
+        seed: int | np.random.Generator | None = None,
+        legal: Callable[[], list[str] | None] | None = None,
+    ):
         super().__init__(shape=None, dtype=None, seed=seed)
         self.max_length = max_length
+        self.legal = legal
 
     @property
     def is_np_flattenable(self) -> bool:
@@ -63,7 +73,11 @@ class TextSpace(spaces.Space[str]):
         return isinstance(x, str) and len(x) <= self.max_length
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
-        """Return a random printable ASCII string of 0 to 16 characters."""
+        """Return a uniformly random legal action where ``legal`` lists them, else a random
+        printable ASCII string of 0 to 16 characters."""
+        actions = self.legal() if self.legal is not None else None
+        if actions:
+            return actions[int(self.np_random.integers(len(actions)))]
         length = int(self.np_random.integers(0, 17))
         return "".join(chr(c) for c in self.np_random.integers(32, 127, size=length))
 
@@ -113,6 +127,11 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"choose one of {self.metadata['render_modes']}"
             )
         self.render_mode = render_mode
+        # Per instance: sample() draws from this env's legal actions (before reset: random text).
+        self.action_space = TextSpace(legal=self._legal_or_none)
+
+    def _legal_or_none(self) -> list[str] | None:
+        return None if self._episode_over and self._observation is None else self.valid_actions()
 
     # ------------------------------------------------------------------ the public API
 

@@ -109,3 +109,17 @@ def test_state_key_does_not_depend_on_python_hash_seed():
     }
     assert len(keys) == 1
     assert json.loads(keys.pop()) == envhub.make("frozenlake/FrozenLake8x8-v0").reset(seed=9)[1]["state_key"]
+
+
+def test_action_space_sample_is_a_legal_action_where_the_env_lists_them():
+    import envhub
+
+    env = envhub.make("frozenlake/FrozenLakeNotSlippery-v0")
+    env.reset(seed=0)
+    env.action_space.seed(3)
+    draws = [env.action_space.sample() for _ in range(200)]
+    assert set(draws) == {"Left", "Down", "Right", "Up"}
+    _, _, _, _, info = env.step(draws[0])
+    assert info["action_is_valid"]
+    other = envhub.make("frozenlake/FrozenLakeNotSlippery-v0")
+    assert other.action_space is not env.action_space  # each env samples from its own legal actions

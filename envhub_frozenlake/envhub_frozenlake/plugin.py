@@ -4,12 +4,12 @@ from envhub import hookimpl
 
 ENTRY = "envhub_frozenlake.env:FrozenLakeTextEnv"
 
-#: (name, map size, slippery, turn limit, description); every map is random from the seed, p=0.8.
+#: (name, map size, slippery, turn limit, description); every map is random from the seed, each tile frozen with probability p=0.8 (else a hole).
 VARIANTS = (
-    ("FrozenLake-v0", 4, True, 20, "4x4 random map, slippery ice, p=0.8, 20 turns (ROLL/RAGEN setting)"),
-    ("FrozenLakeNotSlippery-v0", 4, False, 20, "4x4 random map, deterministic moves, p=0.8, 20 turns"),
-    ("FrozenLake8x8-v0", 8, True, 100, "8x8 random map, slippery ice, p=0.8, 100 turns"),
-    ("FrozenLake8x8NotSlippery-v0", 8, False, 50, "8x8 random map, deterministic moves, p=0.8, 50 turns"),
+    ("FrozenLake-v0", 4, True, 20, "4x4 random map, slippery ice, 80% of tiles frozen (p=0.8), 20 turns (ROLL/RAGEN setting)"),
+    ("FrozenLakeNotSlippery-v0", 4, False, 20, "4x4 random map, deterministic moves, 80% of tiles frozen (p=0.8), 20 turns"),
+    ("FrozenLake8x8-v0", 8, True, 100, "8x8 random map, slippery ice, 80% of tiles frozen (p=0.8), 100 turns"),
+    ("FrozenLake8x8NotSlippery-v0", 8, False, 50, "8x8 random map, deterministic moves, 80% of tiles frozen (p=0.8), 50 turns"),
 )
 
 
