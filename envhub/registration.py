@@ -149,7 +149,10 @@ class Registry:
         gymnasium.register(
             id=env_spec.id,
             entry_point=_GymnasiumEntry(env_spec.id),
-            max_episode_steps=env_spec.max_turns,
+            # No TimeLimit wrapper: the TextEnv truncates at its own max_turns, which
+            # gymnasium.make(id, max_turns=N) sets, and which its prompts count down. A second,
+            # independent limit would cut episodes short of what the prompts promise.
+            max_episode_steps=None,
             disable_env_checker=True,
         )
         return env_spec

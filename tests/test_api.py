@@ -123,3 +123,16 @@ def test_action_space_sample_is_a_legal_action_where_the_env_lists_them():
     assert info["action_is_valid"]
     other = envhub.make("frozenlake/FrozenLakeNotSlippery-v0")
     assert other.action_space is not env.action_space  # each env samples from its own legal actions
+
+
+def test_gymnasium_make_has_one_turn_limit_max_turns():
+    import gymnasium
+
+    import envhub  # noqa: F401  (registers the ids with Gymnasium)
+
+    env = gymnasium.make("frozenlake/FrozenLakeNotSlippery-v0", max_turns=25)
+    assert env.unwrapped.max_turns == 25 and env.spec.max_episode_steps is None
+    env.reset(seed=0)
+    for turn in range(1, 26):
+        _, _, terminated, truncated, _ = env.step("Up")  # the top edge: never ends the episode
+        assert not terminated and truncated == (turn == 25)
