@@ -211,3 +211,12 @@ def test_people_see_what_a_move_did_when_it_is_not_what_they_chose():
     assert "(you slid: moved " in lines
     lines = invoke("run", ENV, "--policy", "human", input="Up\nquit\n").output
     assert "turn 1: Up (you did not move) -> reward +0" in lines  # the top edge
+
+
+def test_taxi_pictures_print_no_display_warning(tmp_path):
+    script = Path(sys.executable).parent / "envhub"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "XDG_RUNTIME"))}
+    result = subprocess.run([str(script), "run", "gym/Taxi-v3", "--max-turns", "1", "--render", str(tmp_path / "taxi.png")],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and (tmp_path / "taxi.png").is_file()
+    assert "XDG_RUNTIME_DIR" not in result.stderr + result.stdout

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -123,6 +124,10 @@ class GymnasiumTextEnv(DiscreteTextEnv):
                     "and an observation_to_text function for the text"
                 )
             kwargs["render_mode"] = "rgb_array"
+            # Gymnasium's toy-text games draw with pygame; off-screen, SDL needs no display (and
+            # prints no "XDG_RUNTIME_DIR is invalid" line on a machine without a desktop session).
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         elif to_text is None:
             if "ansi" not in modes:
                 raise AdapterError(

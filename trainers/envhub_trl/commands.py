@@ -67,7 +67,10 @@ def eval_command(
         if max_turns is not None and trained_turns is not None and max_turns != trained_turns:
             click.echo(f"max_turns: {max_turns} instead of the trained {trained_turns}", err=True)
         max_turns = max_turns or trained_turns
-        generator = make_generator(kind, path, env_ids=[env_id], seed=seed)
+        try:
+            generator = make_generator(kind, path, env_ids=[env_id], seed=seed)
+        except OSError as exc:  # a hub id that is neither cached nor downloadable here
+            raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
         manager = EnvGroupManager(
             env_id, episodes, 1, seed=seed, max_turns=max_turns, env_kwargs=env_kwargs,
             tokenizer=generator.tokenizer, **prompt.manager_kwargs(),

@@ -228,4 +228,4 @@ def load_model_and_tokenizer(
     try:
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     except OSError as exc:
-        raise ModelNotFound(f"cannot load {name!r}: {exc}") from exc
+        raise ModelNotFound(f"cannot load {name!r}: {str(exc).splitlines()[0]}") from exc
