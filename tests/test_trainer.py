@@ -482,6 +482,22 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     ) in result.output
 
 
+def test_train_command_evaluates_every_eval_steps(tmp_path):
+    from envhub.cli import cli
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "max_turns: 4\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 3\neval_steps: 1\n"
+        "max_turn_tokens: 6\neval_episodes: 2\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+    )
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["train", "--env", LAKE, "--config", str(config), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    curve = json.loads((out / "results.json").read_text())["held_out_curve"]
+    assert [p["step"] for p in curve] == [1, 2] and all(0.0 <= p["greedy"] <= 1.0 for p in curve)
+    assert "held-out success at step 2:" in result.stderr
+
+
 def test_train_command_rejects_unknown_config_fields(tmp_path):
     from envhub.cli import cli
 

@@ -106,6 +106,32 @@ def _references(trainer: Any) -> tuple[dict[str, float], Any]:
     return references, open_loop
 
 
+def _periodic_evaluation(trainer: Any) -> Any:
+    """With ``eval_steps`` set, a callback (added to ``trainer``) that measures held-out greedy
+    success every ``eval_steps`` optimizer steps, as ROLL's validation runs do, so that a run that
+    peaks and then collapses shows it; None without ``eval_steps``."""
+    from transformers import TrainerCallback
+
+    every = trainer.args.eval_steps
+    if not every:
+        return None
+    every = max(1, int(every if every >= 1 else every * trainer.args.max_steps))
+
+    class HeldOutEvaluation(TrainerCallback):
+        def __init__(self) -> None:
+            self.points: list[dict[str, float]] = []
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step % every == 0 and state.global_step < state.max_steps:
+                rate = trainer.evaluate_env(label=f"held-out at step {state.global_step}, greedy")["success_rate"]
+                self.points.append({"step": state.global_step, "greedy": rate})
+                click.echo(f"held-out success at step {state.global_step}: {rate:.1%} greedy", err=True)
+
+    callback = HeldOutEvaluation()
+    trainer.add_callback(callback)
+    return callback
+
+
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
     greedy, sampled = metrics["greedy"], metrics["sampled"]
     return [
@@ -158,6 +184,7 @@ def run_training(
             warm_start.run(model, tokenizer, args.env_id, args.seed, **args.manager_kwargs())
             evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
+        periodic = _periodic_evaluation(trainer)
         trainer.train()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
         references, open_loop = _references(trainer)
@@ -188,6 +215,7 @@ def run_training(
         "rl_steps": end - before_rl,
         "warm_start_steps": warm_start.steps,
         "warm_start": dataclasses.asdict(warm_start),
+        "held_out_curve": periodic.points if periodic is not None else [],
         "training_curve": [
             {"step": entry["step"], "success_rate": entry["env/success_rate"]}
             for entry in trainer.state.log_history
@@ -207,6 +235,8 @@ def run_training(
             f"held-out, sampled ({how})": {
                 before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
             },
+            **({f"held-out, greedy, every {args.eval_steps:g} steps": {p["step"]: p["greedy"] for p in periodic.points}}
+               if periodic is not None and periodic.points else {}),
             **{f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in references.items()},
         },
         title=f"{args.env_id}, {args.advantage_estimator}",
