@@ -481,3 +481,9 @@ def test_eval_prints_only_its_table_on_stdout(cli, tiny_path):
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tiny_path), "--episodes", "2", "--max-turns", "2", "--no-references"])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0].startswith("env_id ")  # no stray progress label before the table
+
+
+def test_eval_of_a_folder_without_a_model_names_what_is_missing(cli, tmp_path):
+    result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tmp_path), "--episodes", "1"])
+    assert result.exit_code == 1 and f"{tmp_path} holds no Hugging Face model (no config.json)" in result.output
+    assert "Traceback" not in result.output
