@@ -437,6 +437,32 @@ def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, v
     assert np.abs(sampled - old).max() > 10 * np.abs(sampled - trained).max()
 
 
+def test_a_generator_with_its_own_weights_gets_them_after_a_warm_start(tiny, tmp_path):
+    """A vLLM-like generator keeps its own copy of the weights; weights changed outside train()
+    (the warm start) must reach it before it samples again (they did not: held-out success after
+    the warm start was measured with the initial weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+
+    class OwnWeights(HalfExpert):
+        loads = 0
+
+        def load_weights(self, model):
+            OwnWeights.loads += 1
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    trainer = EnvGRPOTrainer(model, _config(tmp_path), processing_class=tokenizer, generator=OwnWeights(model, tokenizer))
+    _ = trainer.generator
+    _ = trainer.generator
+    assert OwnWeights.loads == 1  # once per optimizer step, not per use
+    trainer.weights_changed()
+    _ = trainer.generator
+    assert OwnWeights.loads == 2
+
+
 # ---------------------------------------------------------------------------------------- CLI
 
 

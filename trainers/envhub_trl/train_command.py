@@ -182,6 +182,7 @@ def run_training(
         if warm_start.steps:
             click.echo(f"warm start: {warm_start.describe()}", err=True)
             warm_start.run(model, tokenizer, args.env_id, args.seed, **args.manager_kwargs())
+            trainer.weights_changed()  # a vLLM generator still holds the initial weights
             evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
         periodic = _periodic_evaluation(trainer)

@@ -131,6 +131,12 @@ class EnvGRPOTrainer(GRPOTrainer):
             self._synced_step = self.state.global_step
         return self._generator
 
+    def weights_changed(self) -> None:
+        """Say that the model's weights changed outside ``train()`` (a supervised warm start, a
+        loaded checkpoint): a generator with its own copy of the weights gets them before it next
+        samples. Within ``train()`` every optimizer step does this by itself."""
+        self._synced_step = -1
+
     def _build_generator(self, model: Any) -> Generator:
         kwargs = dict(self.args.generator_kwargs or {})
         if self.args.generator == "hf":
