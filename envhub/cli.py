@@ -124,7 +124,8 @@ def list_plugins(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([p.to_json() for p in infos], indent=2))
         return
-    click.echo(table([(p.name, p.version, ", ".join(p.hooks), p.error or "") for p in infos], ["name", "version", "hooks", "error"]))
+    rows = [(p.name, p.version, ", ".join(p.hooks), p.error or "", "; ".join(p.conflicts)) for p in infos]
+    click.echo(table(rows, ["name", "version", "hooks", "error", "conflicts"]))
 
 
 @cli.command("info")

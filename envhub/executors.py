@@ -187,7 +187,9 @@ class EnvWorker:
                         None if info["action_is_valid"] else info.get("invalid_reason"),
                     )
                 )
-            except Exception as exc:  # an env's failure ends its own episode, never the batch
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # an env's failure (sys.exit() included) ends its own episode, never the batch
                 self._drop(slot)
                 states.append(EnvState(error=_describe_error(exc)))
         return states
@@ -209,7 +211,9 @@ class EnvWorker:
                 instructions=env.instructions,
                 max_turns=env.max_turns,
             )
-        except Exception as exc:  # an env's failure ends its own episode, never the batch
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # an env's failure (sys.exit() included) ends its own episode, never the batch
             self._drop(request.slot)
             return EnvState(error=_describe_error(exc))
 

@@ -37,6 +37,9 @@ class PluginInfo:
     hooks: list[str] = dataclasses.field(default_factory=list)
     error: str | None = None
     env_ids: list[str] = dataclasses.field(default_factory=list)
+    #: Ids this plugin tried to take from another plugin's namespace, or another tried to take
+    #: from it ("frozenlake/FrozenLake-v0: namespace 'frozenlake' belongs to envhub-frozenlake").
+    conflicts: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The plugin as the JSON object ``envhub plugins --json`` prints."""
@@ -46,6 +49,7 @@ class PluginInfo:
             "entry_point": self.entry_point,
             "hooks": self.hooks,
             "error": self.error,
+            "conflicts": self.conflicts,
         }
 
 
@@ -61,6 +65,12 @@ class PluginHost:
         self.unmatched_allowed: list[str] = []
         #: Every plugin name ENVHUB_PLUGINS could have named.
         self.available: list[str] = []
+        #: Namespace -> the distribution named after it (envhub-<namespace>), and namespace -> the
+        #: first plugin that registered in it, for namespaces no distribution is named after.
+        self.owners: dict[str, str] = {}
+        self.first_in: dict[str, str] = {}
+        #: Conflicts to report on an owner that has not loaded yet.
+        self.pending_conflicts: dict[str, list[str]] = {}
 
     def load(self) -> None:
         """Load default and entry-point plugins and run their ``register_envs`` hooks, once."""
@@ -73,26 +83,37 @@ class PluginHost:
             dist = getattr(ep, "dist", None)
             names |= {ep.name, dist.name if dist is not None else ep.name}
         self.available = sorted(names)
+        #: The namespace each distribution named envhub-<namespace> owns.
+        self.owners = {n.removeprefix("envhub-"): n for n in names if n.startswith("envhub-")}
         self.unmatched_allowed = sorted(set(allowed or ()) - names)
         for name, module_name in DEFAULT_PLUGINS.items():
             if allowed is None or name in allowed:
                 version = importlib.metadata.version("envhub")
                 self._load_one(name, version, module_name, lambda m=module_name: importlib.import_module(m))
-        for ep in _entry_points():
+        points = _entry_points()
+        per_dist: dict[str, int] = {}
+        for ep in points:
+            per_dist[_dist_name(ep)] = per_dist.get(_dist_name(ep), 0) + 1
+        for ep in points:
             dist = getattr(ep, "dist", None)
-            dist_name = dist.name if dist is not None else ep.name
+            dist_name = _dist_name(ep)
             if allowed is not None and ep.name not in allowed and dist_name not in allowed:
                 continue
             version = dist.version if dist is not None else None
-            self._load_one(dist_name, version, ep.value, ep.load)
+            # A distribution with several entry points gets a plugin per entry point.
+            name = dist_name if per_dist[dist_name] == 1 else f"{dist_name}:{ep.name}"
+            self._load_one(name, version, ep.value, ep.load)
 
     def _load_one(self, name: str, version: str | None, entry_point: str, loader: Any) -> None:
         info = PluginInfo(name=name, version=version, entry_point=entry_point)
+        info.conflicts.extend(self.pending_conflicts.pop(name.partition(":")[0], []))
         self.infos[name] = info
         try:
             plugin = loader()
             self.pm.register(plugin, name=name)
-        except Exception as exc:  # a broken plugin must never take the others down
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a broken plugin (sys.exit() included) never takes the others down
             info.error = _describe(exc)
             return
         info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
@@ -121,15 +142,48 @@ class PluginHost:
         if plugin is not None:
             self.pm.unregister(plugin)
         self.infos.pop(name, None)
+        self.first_in = {ns: owner for ns, owner in self.first_in.items() if owner != name}
 
     def _register_envs_of(self, name: str) -> None:
         info = self.infos[name]
-        bound = functools.partial(_register_for, info)
+        bound = functools.partial(self._register_for, info)
         for impl in self._impls("register_envs", name):
             try:
                 impl.function(register=bound)
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit included
                 info.error = _describe(exc)
+                # A failed plugin registers nothing: the ids it had registered before failing are
+                # rolled back, so no id is listed and usable under a plugin shown as broken.
+                for env_id in info.env_ids:
+                    registry.remove(env_id)
+                info.env_ids.clear()
+
+    def _register_for(self, info: PluginInfo, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
+        """The ``register`` a plugin's hook receives: :func:`envhub.registration.register` with
+        the plugin's name and version, and the namespace rule.
+
+        The namespace rule: a namespace belongs to the distribution named ``envhub-<namespace>``
+        when one is installed, else to the first plugin that registers in it (plugins load in
+        entry-point-name order, so the same one every time). A registration in someone else's
+        namespace is refused, recorded on both plugins (``envhub plugins``), and returns None.
+        """
+        namespace = str(id).partition("/")[0]
+        owner = self.owners.get(namespace) or self.first_in.setdefault(namespace, info.name)
+        if owner != info.name and not info.name.startswith(f"{owner}:"):
+            conflict = f"{id}: namespace {namespace!r} belongs to {owner}; {info.name} may not register in it"
+            info.conflicts.append(conflict)
+            if owner in self.infos:
+                self.infos[owner].conflicts.append(conflict)
+            else:
+                self.pending_conflicts.setdefault(owner, []).append(conflict)
+            return None
+        spec_kwargs.setdefault("plugin", info.name)
+        spec_kwargs.setdefault("version", info.version)
+        env_spec = register(id, entry_point, **spec_kwargs)
+        info.env_ids.append(env_spec.id)
+        return env_spec
 
     def register_commands(self, cli: Any) -> None:
         """Run every plugin's ``register_commands`` hook on ``cli``, isolating failures."""
@@ -138,7 +192,9 @@ class PluginHost:
             for impl in self._impls("register_commands", name):
                 try:
                     impl.function(cli=cli)
-                except Exception as exc:
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exc:  # SystemExit included
                     info.error = _describe(exc)
 
     def _impls(self, hook_name: str, plugin_name: str) -> list[Any]:
@@ -146,12 +202,9 @@ class PluginHost:
         return [impl for impl in caller.get_hookimpls() if impl.plugin_name == plugin_name]
 
 
-def _register_for(info: PluginInfo, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
-    spec_kwargs.setdefault("plugin", info.name)
-    spec_kwargs.setdefault("version", info.version)
-    env_spec = register(id, entry_point, **spec_kwargs)
-    info.env_ids.append(env_spec.id)
-    return env_spec
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.name if dist is not None else ep.name
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:

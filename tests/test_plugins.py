@@ -140,3 +140,116 @@ def test_removing_a_throwaway_hosts_plugins_keeps_the_real_hosts_envs(fake_host)
         fake_host.remove(name)
     assert "gym/Taxi-v3" in envhub.registry and "frozenlake/FrozenLake-v0" in envhub.registry
     assert "fakegood/Echo-v0" not in envhub.registry
+
+
+def test_a_plugin_that_exits_on_import_is_reported_and_the_others_load(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setattr(plugins, "_entry_points", _fake_entry_points("fake_exits_on_import", "fake_good"))
+    host = plugins.PluginHost()
+    try:
+        host.load()
+        assert host.infos["fake_exits_on_import"].error.startswith("SystemExit: this plugin exits on import")
+        assert host.infos["fake_good"].error is None and host.infos["fake_good"].env_ids
+    finally:
+        for name in list(host.infos):
+            host.remove(name)
+
+
+def test_sys_exit_in_step_ends_only_its_own_episode():
+    from envhub.executors import InProcessExecutor
+    from envhub.generation import ExpertGenerator
+    from envhub.manager import EnvGroupManager
+    from envhub.rollout import rollout
+
+    class Exits(envhub.DiscreteTextEnv):
+        instructions = "Say go."
+        action_names = ("go",)
+
+        def _reset(self, options):
+            return "ready", {}
+
+        def _step(self, action):
+            raise SystemExit("step exits")
+
+        def state_key(self):
+            return "s"
+
+        def is_success(self):
+            return False
+
+        def render_text(self):
+            return "ready"
+
+        def expert_action(self):
+            return "go"
+
+    envhub.register("test/Exits-v0", Exits, max_turns=3)
+    try:
+        manager = EnvGroupManager({"test/Exits-v0": 1, "frozenlake/FrozenLakeNotSlippery-v0": 1}, group_size=1, executor=InProcessExecutor())
+        exited, lake = rollout(manager, ExpertGenerator())
+    finally:
+        envhub.registry.remove("test/Exits-v0")
+    assert exited.error.startswith("SystemExit: step exits") and exited.end_reason == "error"
+    assert lake.success and lake.error is None
+
+
+class _Dist:
+    def __init__(self, name):
+        self.name, self.version = name, "1.0"
+
+
+def _points(*pairs):
+    """Entry points (name, module, distribution name), as an installed set would have them."""
+    points = []
+    for name, module, dist in pairs:
+        ep = importlib.metadata.EntryPoint(name=name, value=module, group="envhub")
+        object.__setattr__(ep, "dist", _Dist(dist)) if hasattr(ep, "dist") else None
+        points.append(ep)
+    return lambda: points
+
+
+@pytest.fixture
+def host_with(monkeypatch):
+    """A fresh host over given (entry point, module, distribution) triples; its ids removed after."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    hosts = []
+
+    def make(*pairs):
+        monkeypatch.setattr(plugins, "_entry_points", _points(*pairs))
+        host = plugins.PluginHost()
+        hosts.append(host)
+        host.load()
+        return host
+
+    yield make
+    for host in hosts:
+        for name, info in list(host.infos.items()):
+            for env_id in info.env_ids:
+                if envhub.registry._specs.get(env_id) is not None and envhub.registry._specs[env_id].plugin == name:
+                    envhub.registry.remove(env_id)
+
+
+def test_an_impostor_neither_takes_nor_hides_the_owners_ids(host_with):
+    # aaa_impostor loads first (entry points load in name order) and registers in fakens/.
+    host = host_with(("aaa_impostor", "aaa_impostor", "aaa-impostor"), ("fakens", "fake_owner", "envhub-fakens"))
+    impostor, owner = host.infos["aaa-impostor"], host.infos["envhub-fakens"]
+    conflict = "fakens/Echo-v0: namespace 'fakens' belongs to envhub-fakens; aaa-impostor may not register in it"
+    assert impostor.conflicts == [conflict] and owner.conflicts == [conflict]  # reported on both
+    assert impostor.error is None and impostor.env_ids == ["aaa/Echo-v0"]
+    assert owner.error is None and owner.env_ids == ["fakens/Echo-v0", "fakens/Other-v0"]
+    assert envhub.spec("fakens/Echo-v0").plugin == "envhub-fakens"
+    assert type(envhub.make("fakens/Echo-v0")).__name__ == "EchoEnv"
+
+
+def test_two_entry_points_of_one_distribution_both_load(host_with):
+    host = host_with(("first", "fake_good", "two-points"), ("second", "aaa_impostor", "two-points"))
+    assert set(host.infos) - set(plugins.DEFAULT_PLUGINS) == {"two-points:first", "two-points:second"}
+    assert host.infos["two-points:first"].error is None and host.infos["two-points:second"].error is None
+    assert "aaa/Echo-v0" in host.infos["two-points:second"].env_ids and host.infos["two-points:first"].env_ids
+
+
+def test_a_plugin_that_fails_partway_keeps_none_of_its_ids(host_with):
+    host = host_with(("half", "fake_half_register", "fake-half"))
+    info = host.infos["fake-half"]
+    assert info.error.startswith("RuntimeError: failed after one registration") and info.env_ids == []
+    assert "half/Echo-v0" not in envhub.registry

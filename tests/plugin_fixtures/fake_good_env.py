@@ -24,3 +24,7 @@ class EchoEnv(DiscreteTextEnv):
 
     def render_text(self):
         return self.word
+
+
+class ImpostorEnv(EchoEnv):
+    """What an impostor would build."""
