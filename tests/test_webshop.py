@@ -543,3 +543,26 @@ def test_bm25_index_agrees_with_a_direct_computation_on_the_catalog(shop):
         for (asin, score), (want, want_score) in zip(got, expected):
             # The order is the same except where float32 rounding swaps a near-tie.
             assert asin == want or math.isclose(score, want_score, rel_tol=1e-5)
+
+
+def test_long_queries_bound_the_search_cache_and_the_state_key(monkeypatch):
+    from envhub_webshop import shop as shop_module
+    from envhub_webshop.env import STATE_KEY_QUERY_CHARS
+
+    env = envhub.make("webshop/WebShop-v0")
+    env.reset(seed=0)
+    shop = env.shop
+    monkeypatch.setattr(shop_module, "SEARCH_CACHE_CHARS", 50_000)
+    shop._search_cache.clear()
+    shop._search_cache_chars = 0
+    for i in range(300):
+        shop.search(f"shoes {i} " + "x" * 100_000)  # 300 distinct 100 KB queries
+    assert shop._search_cache_chars == 0 and not shop._search_cache  # too long to cache
+    for i in range(2_000):
+        shop.search(f"red shoes size {i}")
+    assert shop._search_cache_chars <= 50_000
+    long_query = "search[" + "boots " * 20_000 + "]"
+    _, _, _, _, info = env.step(long_query)
+    key = env.state_key()
+    assert info["action_is_valid"] and len(key) < 1_000 and "sha256:" in key
+    assert len(" ".join(env.session.keywords)) > STATE_KEY_QUERY_CHARS

@@ -143,6 +143,8 @@ def test_concurrent_sessions_keep_their_own_state(server, shop):
         ("GET", "/new?goal=abc", None, {}, 400),
         ("GET", "/new?goal=99999", None, {}, 404),
         ("GET", "/new?goal=%ff", None, {}, 400),
+        ("GET", "/new?goal=%C2%B2", None, {}, 400),  # a superscript two: str.isdigit() says True
+        ("GET", "/new?goal=" + "9" * 5000, None, {}, 400),  # past int()'s 4,300-digit limit
         ("POST", "/click", "target=buy+now", {"Content-Type": "application/x-www-form-urlencoded"}, 400),
         ("POST", "/search", "q=shoes", {"Content-Type": "application/json"}, 415),
         ("POST", "/search", "x" * (MAX_BODY + 1), {"Content-Type": "application/x-www-form-urlencoded"}, 413),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -25,6 +26,10 @@ INSTRUCTIONS = (
     "Clicking 'Buy Now' ends the episode with a reward between 0 and 1 for how well the product, its "
     "attributes, its options and its price match; a perfect purchase scores 1."
 )
+
+#: Queries longer than this (in characters) stand in ``state_key`` as their SHA-256 digest.
+STATE_KEY_QUERY_CHARS = 256
+
 
 class WebShopEnv(TextEnv):
     """Shop for the product an instruction describes; buying it scores upstream's reward.
@@ -188,6 +193,11 @@ class WebShopEnv(TextEnv):
         state = self.session.state()
         if self.observation_mode != TEXT_RICH:
             del state["visited"]
+        keywords = state.get("keywords")
+        if isinstance(keywords, list) and sum(len(k) for k in keywords) > STATE_KEY_QUERY_CHARS:
+            # A long query stands in the key as its digest: same query, same key, bounded size.
+            digest = hashlib.sha256("\x00".join(keywords).encode("utf-8", "surrogatepass")).hexdigest()
+            state["keywords"] = [f"sha256:{digest}"]
         return json.dumps(state, sort_keys=True, separators=(",", ":"))
 
     def is_success(self) -> bool:

@@ -244,8 +244,11 @@ class WebShopHandler(BaseHTTPRequestHandler):
     def _new(self, query: dict[str, list[str]]) -> None:
         position = None
         if query:
-            if set(query) != {"goal"} or len(query["goal"]) != 1 or not query["goal"][0].isdigit():
-                raise BadRequest(HTTPStatus.BAD_REQUEST, "/new takes one parameter, goal=N")
+            # ASCII digits only, and few of them: str.isdigit() accepts "²", and int() refuses
+            # numbers of more than 4,300 digits; both raised ValueError and got no response.
+            value = query["goal"][0] if set(query) == {"goal"} and len(query["goal"]) == 1 else ""
+            if not (value.isascii() and value.isdigit() and len(value) <= 18):
+                raise BadRequest(HTTPStatus.BAD_REQUEST, "/new takes one parameter, goal=N (a goal number)")
             position = int(query["goal"][0])
             if position >= len(self.server.split_indices):
                 raise BadRequest(HTTPStatus.NOT_FOUND, f"there are {len(self.server.split_indices)} goals (0 to {len(self.server.split_indices) - 1})")

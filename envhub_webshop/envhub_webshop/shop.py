@@ -47,6 +47,11 @@ class Clickable:
     name: str | None = None
 
 
+#: The search cache's bound in query characters, and the longest query it keeps.
+SEARCH_CACHE_CHARS = 4_000_000
+SEARCH_CACHE_QUERY_CHARS = 1_000
+
+
 class Shop:
     """Everything shoppers share: catalogue, search index, goals and prices, title tagger.
 
@@ -65,16 +70,26 @@ class Shop:
         self.nouns = TitleNouns(get_tagger(title_tagger))
         self._search_lock = threading.Lock()
         self._search_cache: dict[str, list[str]] = {}
+        self._search_cache_chars = 0
 
     def search(self, query: str) -> list[str]:
-        """Return the asins of the top hits for ``query`` (cached per query, thread-safe)."""
+        """Return the asins of the top hits for ``query`` (cached per query, thread-safe).
+
+        The cache is bounded by size, not only by entries: it holds at most
+        :data:`SEARCH_CACHE_CHARS` characters of queries (and 50,000 of them), and a query longer
+        than :data:`SEARCH_CACHE_QUERY_CHARS` is searched but never cached.
+        """
         found = self._search_cache.get(query)
         if found is None:
             found = [asin for asin, _ in self.index.search(query)]
-            with self._search_lock:
-                if len(self._search_cache) > 50_000:
-                    self._search_cache.clear()
-                self._search_cache[query] = found
+            if len(query) <= SEARCH_CACHE_QUERY_CHARS:
+                with self._search_lock:
+                    if len(self._search_cache) >= 50_000 or self._search_cache_chars + len(query) > SEARCH_CACHE_CHARS:
+                        self._search_cache.clear()
+                        self._search_cache_chars = 0
+                    if query not in self._search_cache:
+                        self._search_cache_chars += len(query)
+                    self._search_cache[query] = found
         return found
 
     def reward(self, asin: str, goal: Goal, options: dict[str, str], upstream_quirks: bool = True) -> tuple[float, dict[str, Any]]:
