@@ -410,7 +410,30 @@ def _process_main(conn: Any) -> None:
         if message is None:
             return
         method, request = message
-        conn.send(worker.call(method, request))
+        conn.send(_picklable(worker.call(method, request)))
+
+
+def _picklable(states: list[EnvState]) -> list[EnvState]:
+    """``states`` with any that cannot be pickled (an env's info holding a lock, a generator...)
+    replaced by an error naming the key, so the episode ends with the real cause instead of the
+    pipe failing and the worker being restarted as if it had died."""
+    import pickle
+
+    out = []
+    for state in states:
+        try:
+            pickle.dumps(state)
+        except Exception as exc:  # pickling raises TypeError, AttributeError, PicklingError...
+            culprit = ""
+            for key, value in (state.info or {}).items():
+                try:
+                    pickle.dumps(value)
+                except Exception:
+                    culprit = f" (info key {key!r}, a {type(value).__name__})"
+                    break
+            state = EnvState(error=f"the env's step result cannot be sent between processes{culprit}: {type(exc).__name__}: {exc}")
+        out.append(state)
+    return out
 
 
 @dataclasses.dataclass
@@ -507,6 +530,10 @@ class _RayEnvWorker(EnvWorker):
         import envhub  # noqa: F401
 
         super().__init__()
+
+    def call(self, method: str, request: Any) -> list[EnvState]:
+        """As ``EnvWorker.call``, with unpicklable results reported as errors (see ``_picklable``)."""
+        return _picklable(super().call(method, request))
 
 
 def make_executor(name: str, num_workers: int = 2) -> InProcessExecutor | ProcessPoolExecutor | RayExecutor:

@@ -63,6 +63,17 @@ class ExitEnv(FlakyEnv):
         return super()._step(action)
 
 
+class UnpicklableInfoEnv(FlakyEnv):
+    """``Boom`` puts a lock in the step's info: fine in-process, unpicklable for a worker's pipe."""
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if action == "Boom":
+            import threading
+
+            return self.render_text(), 0.0, False, {"handle": threading.Lock()}
+        return super()._step(action)
+
+
 class CharTokenizer:
     """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
 

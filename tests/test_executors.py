@@ -122,3 +122,22 @@ def test_ray_actors_play_the_same_episodes_and_survive_a_dead_actor(ray_cluster,
         assert executor.restarts == 1
     finally:
         executor.close()
+
+
+def test_an_unpicklable_info_is_reported_with_its_key_not_as_a_dead_worker():
+    import envhub
+    from envhub.registration import registry
+
+    envhub.register("test/Unpicklable-v0", "helper_envs:UnpicklableInfoEnv", max_turns=5)
+    try:
+        with ProcessPoolExecutor(num_workers=1) as executor:
+            manager = EnvGroupManager("test/Unpicklable-v0", 1, 2, executor=executor)
+            manager.reset()
+            manager.prompts()
+            manager.step(["<answer>Boom</answer>", "<answer>Ok</answer>"])
+            bad, good = manager.trajectories()
+            assert executor.restarts == 0
+    finally:
+        registry.remove("test/Unpicklable-v0")
+    assert bad.end_reason == "error" and "info key 'handle', a lock" in bad.error and "WorkerDied" not in bad.error
+    assert good.end_reason is None and good.num_turns == 1
