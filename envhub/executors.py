@@ -28,6 +28,23 @@ class WorkerDied(EnvhubError):
     """A pool worker process or actor died while holding environments."""
 
 
+class StepTimedOut(WorkerDied):
+    """A worker did not answer within ``step_timeout``: it is killed like a dead one.
+
+    ``answers`` holds what it answered before (the process pool answers slot by slot, so the
+    slot at position ``len(answers)`` is the one that hung); None where that is not known (Ray).
+    """
+
+    def __init__(self, message: str, answers: list[EnvState] | None = None):
+        super().__init__(message)
+        self.answers = answers
+
+
+#: Seconds a pool worker may take over one environment's reset or step before its episode ends
+#: with a time-out error (the in-process executor cannot preempt, and has none).
+DEFAULT_STEP_TIMEOUT = 300.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ResetRequest:
     """Make (or reuse) the environment of ``slot`` from ``spec`` and reset it with ``seed``.
@@ -231,7 +248,11 @@ class EnvWorker:
 
 
 class InProcessExecutor:
-    """Every environment in this process (the default): no copying, no parallelism."""
+    """Every environment in this process (the default): no copying, no parallelism.
+
+    It cannot preempt: an environment whose step hangs holds the whole batch. Use
+    :class:`ProcessPoolExecutor` (``step_timeout``) for environments that may hang.
+    """
 
     def __init__(self) -> None:
         self.worker = EnvWorker()
@@ -256,10 +277,13 @@ class _PoolExecutor:
     to start a worker, send it a batch and wait for the answer.
     """
 
-    def __init__(self, num_workers: int):
+    def __init__(self, num_workers: int, step_timeout: float | None = DEFAULT_STEP_TIMEOUT):
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        if step_timeout is not None and step_timeout <= 0:
+            raise ValueError(f"step_timeout must be positive seconds (or None for no limit), got {step_timeout}")
         self.num_workers = num_workers
+        self.step_timeout = step_timeout
         self.workers: list[Any] = [self._start(i) for i in range(num_workers)]
         self.histories: dict[int, tuple[ResetRequest, list[StepRequest]]] = {}
         self.restarts = 0
@@ -311,6 +335,8 @@ class _PoolExecutor:
         for w, positions in shards.items():
             try:
                 answers = self._receive(self.workers[w], pending[w])
+            except StepTimedOut as exc:
+                answers = self._after_timeout(w, method, parts[w], exc)
             except WorkerDied:
                 answers = self._recover(w, method, parts[w])
             slots = self._slots_of(parts[w])
@@ -355,6 +381,37 @@ class _PoolExecutor:
             for slot in slots:
                 self.histories.pop(slot, None)
         return answers
+
+    def _after_timeout(self, w: int, method: str, part: Any, exc: StepTimedOut) -> list[EnvState]:
+        """Worker ``w`` hung: end the episode it hung on, rebuild the worker with the others'
+        histories, and finish the rest of ``part`` there.
+
+        Without slot-by-slot answers (Ray) the hung slot is not known: the generic recovery
+        (retry, then one slot at a time) finds it, each try bounded by the deadline.
+        """
+        if exc.answers is None:
+            return self._recover(w, method, part)
+        slots = self._slots_of(part)
+        answers = list(exc.answers)
+        hung = len(answers)
+        self.histories.pop(slots[hung], None)
+        answers.append(EnvState(error=f"TimeoutError: this {method} took longer than step_timeout={self.step_timeout:g}s; the episode ends here"))
+        rest = list(range(hung + 1, len(slots)))
+        self._replace(w)
+        if not rest:
+            try:
+                self._replay(w, set())
+            except WorkerDied:
+                pass  # the next request on this worker recovers it
+            return answers
+        remaining = part.subset(rest) if isinstance(part, StepRequest) else [part[i] for i in rest]
+        try:
+            self._replay(w, set(slots[hung + 1 :]))
+            return answers + self._receive(self.workers[w], self._send(self.workers[w], method, remaining))
+        except StepTimedOut as again:
+            return answers + self._after_timeout(w, method, remaining, again)
+        except WorkerDied:
+            return answers + self._recover(w, method, remaining)
 
     def _replace(self, w: int) -> None:
         try:
@@ -410,7 +467,11 @@ def _process_main(conn: Any) -> None:
         if message is None:
             return
         method, request = message
-        conn.send(_picklable(worker.call(method, request)))
+        # One answer per slot, as each is ready: the parent's deadline then applies to each
+        # environment, and a hang is pinned on the slot that caused it.
+        singles = [request.subset([i]) for i in range(len(request.slots))] if isinstance(request, StepRequest) else [[r] for r in request]
+        for single in singles:
+            conn.send(_picklable(worker.call(method, single))[0])
 
 
 def _picklable(states: list[EnvState]) -> list[EnvState]:
@@ -450,9 +511,9 @@ class ProcessPoolExecutor(_PoolExecutor):
         start_method: the multiprocessing start method (``"spawn"`` is safe with threads and torch).
     """
 
-    def __init__(self, num_workers: int = 2, start_method: str = "spawn"):
+    def __init__(self, num_workers: int = 2, start_method: str = "spawn", step_timeout: float | None = DEFAULT_STEP_TIMEOUT):
         self.context = multiprocessing.get_context(start_method)
-        super().__init__(num_workers)
+        super().__init__(num_workers, step_timeout)
 
     def _start(self, index: int) -> _Process:
         parent, child = self.context.Pipe()
@@ -461,17 +522,24 @@ class ProcessPoolExecutor(_PoolExecutor):
         child.close()  # so that recv sees EOF when the worker dies
         return _Process(process, parent)
 
-    def _send(self, worker: _Process, method: str, request: Any) -> None:
+    def _send(self, worker: _Process, method: str, request: Any) -> int:
         try:
             worker.conn.send((method, request))
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the worker is dead: _receive reports it
+        return len(request.slots) if isinstance(request, StepRequest) else len(request)
 
-    def _receive(self, worker: _Process, pending: Any) -> list[EnvState]:
+    def _receive(self, worker: _Process, pending: int) -> list[EnvState]:
+        answers: list[EnvState] = []
         try:
-            return worker.conn.recv()
+            for _ in range(pending):
+                if self.step_timeout is not None and not worker.conn.poll(self.step_timeout):
+                    worker.process.kill()  # it is busy, not listening: no point asking it to stop
+                    raise StepTimedOut(f"env worker {worker.process.name} took over {self.step_timeout:g}s", answers)
+                answers.append(worker.conn.recv())
         except (EOFError, ConnectionResetError, OSError) as exc:
             raise WorkerDied(f"env worker {worker.process.name} died (exit code {worker.process.exitcode})") from exc
+        return answers
 
     def _stop(self, worker: _Process) -> None:
         if worker.process.is_alive():
@@ -494,9 +562,12 @@ class RayExecutor(_PoolExecutor):
     Args:
         num_workers: how many actors.
         num_cpus: CPUs each actor reserves.
+        step_timeout: seconds an actor may take over one batch of resets or steps; past it the
+            actor is killed and its slots retried, then tried one at a time, so that only the
+            episode that hangs ends (each try bounded by the deadline).
     """
 
-    def __init__(self, num_workers: int = 2, num_cpus: float = 1.0):
+    def __init__(self, num_workers: int = 2, num_cpus: float = 1.0, step_timeout: float | None = DEFAULT_STEP_TIMEOUT):
         try:
             import ray
         except ImportError as exc:
@@ -505,7 +576,7 @@ class RayExecutor(_PoolExecutor):
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
         self.actor_class = ray.remote(num_cpus=num_cpus, max_restarts=0)(_RayEnvWorker)
-        super().__init__(num_workers)
+        super().__init__(num_workers, step_timeout)
 
     def _start(self, index: int) -> Any:
         return self.actor_class.remote()
@@ -515,7 +586,9 @@ class RayExecutor(_PoolExecutor):
 
     def _receive(self, worker: Any, pending: Any) -> list[EnvState]:
         try:
-            return self.ray.get(pending)
+            return self.ray.get(pending, timeout=self.step_timeout)
+        except self.ray.exceptions.GetTimeoutError as exc:
+            raise StepTimedOut(f"env actor took over {self.step_timeout:g}s") from exc
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError) as exc:
             raise WorkerDied(f"env actor died: {shorten(str(exc), 200)}") from exc
 
@@ -536,12 +609,15 @@ class _RayEnvWorker(EnvWorker):
         return _picklable(super().call(method, request))
 
 
-def make_executor(name: str, num_workers: int = 2) -> InProcessExecutor | ProcessPoolExecutor | RayExecutor:
-    """Build an executor by name: ``"inprocess"``, ``"process"`` or ``"ray"``."""
+def make_executor(
+    name: str, num_workers: int = 2, step_timeout: float | None = DEFAULT_STEP_TIMEOUT
+) -> InProcessExecutor | ProcessPoolExecutor | RayExecutor:
+    """Build an executor by name: ``"inprocess"``, ``"process"`` or ``"ray"`` (``step_timeout``:
+    the pool executors' deadline per reset or step; the in-process executor cannot preempt)."""
     if name == "inprocess":
         return InProcessExecutor()
     if name == "process":
-        return ProcessPoolExecutor(num_workers)
+        return ProcessPoolExecutor(num_workers, step_timeout=step_timeout)
     if name == "ray":
-        return RayExecutor(num_workers)
+        return RayExecutor(num_workers, step_timeout=step_timeout)
     raise ValueError(f"unknown executor {name!r}; choose inprocess, process or ray")

@@ -74,6 +74,17 @@ class UnpicklableInfoEnv(FlakyEnv):
         return super()._step(action)
 
 
+class HangEnv(FlakyEnv):
+    """``Boom`` sleeps for an hour, as an env stuck on a dead socket would."""
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if action == "Boom":
+            import time
+
+            time.sleep(3600)
+        return super()._step(action)
+
+
 class CharTokenizer:
     """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
 

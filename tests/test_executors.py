@@ -141,3 +141,32 @@ def test_an_unpicklable_info_is_reported_with_its_key_not_as_a_dead_worker():
         registry.remove("test/Unpicklable-v0")
     assert bad.end_reason == "error" and "info key 'handle', a lock" in bad.error and "WorkerDied" not in bad.error
     assert good.end_reason is None and good.num_turns == 1
+
+
+def test_a_hung_step_ends_only_its_episode_within_the_deadline():
+    import time
+
+    import envhub
+    from envhub.registration import registry
+
+    envhub.register("test/Hang-v0", "helper_envs:HangEnv", max_turns=5)
+    try:
+        with ProcessPoolExecutor(num_workers=2, step_timeout=2.0) as executor:
+            manager = EnvGroupManager("test/Hang-v0", 1, 6, executor=executor)
+            manager.reset()
+            manager.prompts()
+            started = time.perf_counter()
+            # Slot 2 hangs; slots 0 and 4 share its worker, before and after it.
+            manager.step(["<answer>Ok</answer>", "<answer>Ok</answer>", "<answer>Boom</answer>", "<answer>Ok</answer>",
+                          "<answer>Ok</answer>", "<answer>Ok</answer>"])
+            took = time.perf_counter() - started
+            trajectories = manager.trajectories()
+            assert trajectories[2].end_reason == "error" and "took longer than step_timeout=2s" in trajectories[2].error
+            assert [t.end_reason for i, t in enumerate(trajectories) if i != 2] == [None] * 5
+            assert [t.num_turns for t in trajectories] == [1, 1, 0, 1, 1, 1]
+            manager.prompts()
+            manager.step(["<answer>Win</answer>"] * 5)  # the others carry on, on the replaced worker too
+            assert [t.success for t in trajectories] == [True, True, False, True, True, True]
+    finally:
+        registry.remove("test/Hang-v0")
+    assert took < 2.0 + 8.0  # the deadline, plus starting a worker and replaying its episodes

@@ -336,6 +336,17 @@ def test_every_estimator_trains_in_both_layouts_with_its_own_advantages(tiny, tm
         np.testing.assert_allclose(seen, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
+    config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
+    trainer, before, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2 and type(trainer._manager.executor).__name__ == "ProcessPoolExecutor"
+    assert trainer._manager.executor.step_timeout == 60.0
+    assert all(t.error is None for spied in batches for t in spied["trajectories"])
+    trainer._manager.close()
+    with pytest.raises(ValueError, match="env_executor"):
+        _config(tmp_path, env_executor="threads")
+
+
 def test_config_checks_the_layout_and_the_server(tmp_path):
     with pytest.raises(ValueError, match="sample_layout"):
         _config(tmp_path, sample_layout="episode")

@@ -96,6 +96,14 @@ class EnvGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Keyword arguments for the generator (e.g. vLLM's gpu_memory_utilization)."}
     )
     max_turn_tokens: int = field(default=64, metadata={"help": "The longest reply, in tokens, per turn."})
+    env_executor: str = field(
+        default="inprocess",
+        metadata={"help": "Where training envs run: `inprocess` (cannot preempt a hung env), `process` or `ray` (workers with a step deadline)."},
+    )
+    env_workers: int = field(default=2, metadata={"help": "Worker processes or actors of env_executor process/ray."})
+    env_step_timeout: float | None = field(
+        default=300.0, metadata={"help": "Seconds an env's reset or step may take in a process/ray worker before its episode ends with a time-out."}
+    )
     advantage_estimator: str = field(
         default="gigpo",
         metadata={"help": "A registered estimator: `grpo` (episode level), `gigpo` (episode + step level), `rloo`, `step_reinforce`."},
@@ -183,6 +191,8 @@ class EnvGRPOConfig(GRPOConfig):
             setattr(self, alias, getattr(self, name))
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
+        if self.env_executor not in ("inprocess", "process", "ray"):
+            raise ValueError(f"env_executor must be one of inprocess, process, ray; got {self.env_executor!r}")
         if self.generator not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
         if self.sample_layout not in LAYOUTS:

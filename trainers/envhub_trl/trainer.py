@@ -35,6 +35,7 @@ from trl import GRPOTrainer
 
 from envhub.chat import stop_token_ids
 from envhub.generation import Generator, SamplingParams
+from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
 from envhub.rollout import Sample, Trajectory, batch_columns, rollout
@@ -160,8 +161,12 @@ class EnvGRPOTrainer(GRPOTrainer):
         # One manager "group" per row: rows of one env group share a seed, so they start alike;
         # the trainer's own group ids come from the row's place in the global batch.
         if self._manager is None or self._manager.num_groups != num_rows:
+            if self._manager is not None:
+                self._manager.close()
+            executor = make_executor(self.args.env_executor, self.args.env_workers, self.args.env_step_timeout)
             self._manager = EnvGroupManager(
-                self.args.env_id, num_rows, 1, seed=self.args.seed, tokenizer=self.processing_class, **self.args.manager_kwargs()
+                self.args.env_id, num_rows, 1, seed=self.args.seed, tokenizer=self.processing_class, executor=executor,
+                **self.args.manager_kwargs(),
             )
         return self._manager
 
