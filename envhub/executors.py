@@ -286,6 +286,10 @@ class _PoolExecutor:
         self.step_timeout = step_timeout
         self.workers: list[Any] = [self._start(i) for i in range(num_workers)]
         self.histories: dict[int, tuple[ResetRequest, list[StepRequest]]] = {}
+        #: Each slot's observations so far (after its reset and each step), to check replays.
+        self.observed: dict[int, list[str]] = {}
+        #: Slots whose replay did not reach the recorded state, with the error their episode ends with.
+        self.diverged: dict[int, str] = {}
         self.restarts = 0
 
     # -- what a backend provides
@@ -310,6 +314,8 @@ class _PoolExecutor:
         from these resets.
         """
         self.histories = {request.slot: (request, []) for request in requests}
+        self.observed = {request.slot: [] for request in requests}
+        self.diverged = {}
         shards = self._shards([r.slot for r in requests])
         return self._run("reset", shards, len(requests), lambda positions: [requests[p] for p in positions])
 
@@ -341,9 +347,14 @@ class _PoolExecutor:
                 answers = self._recover(w, method, parts[w])
             slots = self._slots_of(parts[w])
             for position, slot, answer in zip(positions, slots, answers):
+                if slot in self.diverged:
+                    answer = EnvState(error=self.diverged.pop(slot))
                 results[position] = answer
                 if answer.error is not None:
                     self.histories.pop(slot, None)
+                    self.observed.pop(slot, None)
+                elif slot in self.observed:
+                    self.observed[slot].append(answer.observation)
         return results
 
     @staticmethod
@@ -380,6 +391,10 @@ class _PoolExecutor:
             answers += [EnvState(error=f"WorkerDied: the worker kept dying while recovering this {method}")] * (len(slots) - len(answers))
             for slot in slots:
                 self.histories.pop(slot, None)
+            try:
+                self._replace(w)  # back, empty, for the next batch: only these episodes are lost
+            except Exception:  # noqa: S110  (the next request on this worker tries again)
+                pass
         return answers
 
     def _after_timeout(self, w: int, method: str, part: Any, exc: StepTimedOut) -> list[EnvState]:
@@ -431,12 +446,29 @@ class _PoolExecutor:
         if not slots:
             return
         worker = self.workers[w]
-        self._receive(worker, self._send(worker, "reset", [self.histories[s][0] for s in slots]))
+        states = self._receive(worker, self._send(worker, "reset", [self.histories[s][0] for s in slots]))
+        for slot, state in zip(slots, states):
+            self._check_replay(slot, 0, state)
         todo = {s: self.histories[s][1][: len(self.histories[s][1]) - (s in current)] for s in slots}
         for i in range(max(len(steps) for steps in todo.values())):
-            batch = [steps[i] for steps in todo.values() if i < len(steps)]
-            merged = StepRequest([r.slots[0] for r in batch], [r.replies[0] for r in batch], batch[0].fmt, batch[0].expert)
-            self._receive(worker, self._send(worker, "step", merged))
+            batch = [(s, steps[i]) for s, steps in todo.items() if i < len(steps) and s not in self.diverged]
+            if not batch:
+                break
+            merged = StepRequest([r.slots[0] for _, r in batch], [r.replies[0] for _, r in batch], batch[0][1].fmt, batch[0][1].expert)
+            for (slot, _), state in zip(batch, self._receive(worker, self._send(worker, "step", merged))):
+                self._check_replay(slot, i + 1, state)
+
+    def _check_replay(self, slot: int, index: int, state: EnvState) -> None:
+        """Mark ``slot`` diverged when its replayed observation ``index`` (0: after reset) differs
+        from the one recorded: the env is not deterministic, and going on would record moves
+        from a state the episode never was in."""
+        recorded = self.observed.get(slot, [])
+        if index < len(recorded) and (state.error is not None or state.observation != recorded[index]):
+            self.diverged.setdefault(
+                slot,
+                "non-deterministic env: replaying this episode's seed and replies after its worker was restarted "
+                f"gave another observation {'after reset' if index == 0 else f'after turn {index}'}",
+            )
 
     def close(self) -> None:
         """Stop every worker."""

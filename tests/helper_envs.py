@@ -85,6 +85,16 @@ class HangEnv(FlakyEnv):
         return super()._step(action)
 
 
+class NondeterministicEnv(FlakyEnv):
+    """Resets from the process's own unseeded randomness: a replay in a new process differs."""
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        import random
+
+        self.count, self.won = random.randrange(10**9), False
+        return self.render_text(), {}
+
+
 class CharTokenizer:
     """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
 

@@ -170,3 +170,27 @@ def test_a_hung_step_ends_only_its_episode_within_the_deadline():
     finally:
         registry.remove("test/Hang-v0")
     assert took < 2.0 + 8.0  # the deadline, plus starting a worker and replaying its episodes
+
+
+def test_a_replay_that_does_not_reach_the_recorded_state_ends_that_episode():
+    import envhub
+    from envhub.registration import registry
+
+    envhub.register("test/Nondet-v0", "helper_envs:NondeterministicEnv", max_turns=5)
+    try:
+        with ProcessPoolExecutor(num_workers=2) as executor:
+            manager = EnvGroupManager("test/Nondet-v0", 1, 4, executor=executor)
+            manager.reset()
+            manager.prompts()
+            manager.step(["<answer>Ok</answer>"] * 4)
+            executor.workers[1].process.kill()  # slots 1 and 3 live there
+            executor.workers[1].process.join()
+            manager.prompts()
+            manager.step(["<answer>Ok</answer>"] * 4)
+            trajectories = manager.trajectories()
+    finally:
+        registry.remove("test/Nondet-v0")
+    for t in trajectories[1::2]:
+        assert t.end_reason == "error" and t.error.startswith("non-deterministic env: replaying this episode's seed")
+        assert t.num_turns == 1  # no move recorded from a state the episode was never in
+    assert [t.end_reason for t in trajectories[::2]] == [None, None] and all(t.num_turns == 2 for t in trajectories[::2])
