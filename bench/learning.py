@@ -14,7 +14,7 @@ Held-out success is measured on the same 256 seeds for every run, next to the re
 (random, open-loop, expert, optimal) on those seeds. The targets are checked on held-out greedy
 success, the mean over training seeds; a missed target is reported, with its curve.
 
-    python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke]
+    python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
 
 Prints one line per run, then a table and the targets; writes bench/results/learning.json and
 bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). 2 to 3 hours
@@ -262,6 +262,8 @@ def print_report(envs: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/).")
+    parser.add_argument("--finished-only", action="store_true",
+                        help="Run nothing: summarise the runs already finished (table, learning.json, learning.png).")
     parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo).")
     parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
     parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
@@ -303,6 +305,9 @@ def main() -> None:
                 label = f"{name:<24} {algo:<6} seed{seed}"
                 if is_done(out, spec):
                     results, note = json.loads((out / "results.json").read_text()), "(done before)"
+                elif args.finished_only:
+                    print(f"{label}  not run yet", flush=True)
+                    continue
                 else:
                     results, error = launch(spec, out)
                     if results is None:

@@ -224,8 +224,19 @@ def test_a_person_can_shop_in_headless_chromium(server, shop, browser, tmp_path)
 
     def click(element, then):
         """Click, wait for the next page to replace this one, return the element ``then``."""
+        from selenium.common.exceptions import WebDriverException
+
+        def replaced(_driver):
+            # staleness_of catches only StaleElementReferenceException; mid-navigation, Chromium can
+            # also answer "unhandled inspector error" about the old node (seen on a loaded machine).
+            try:
+                element.is_enabled()
+            except WebDriverException:
+                return True
+            return False
+
         element.click()
-        WebDriverWait(browser, 30).until(ec.staleness_of(element))
+        WebDriverWait(browser, 30).until(replaced)
         return find(then)
 
     position = next(i for i, g in enumerate(shop.goals[:500]) if len(g.goal_options) >= 2)
