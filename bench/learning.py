@@ -17,7 +17,7 @@ success, the mean over training seeds; a missed target is reported, with its cur
     python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
 
 Prints one line per run, then a table and the targets; writes bench/results/learning.json and
-bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). 2 to 3 hours
+bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). Several hours
 on 2 quiet cores; CI does not run it (``make bench-learning``).
 """
 
