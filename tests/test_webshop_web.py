@@ -306,3 +306,74 @@ def test_serve_without_data_says_what_to_download(tmp_path):
     result = CliRunner().invoke(cli, ["webshop", "serve", "--data", str(tmp_path)])
     assert result.exit_code == 1
     assert "items_shuffle_1000.json" in result.output and str(tmp_path) in result.output
+
+
+def test_a_normal_visitor_is_served_promptly_while_300_half_open_connections_are_held(server, monkeypatch):
+    import time
+
+    from envhub_webshop.server import WebShopHandler
+
+    monkeypatch.setattr(WebShopHandler, "timeout", 2.0)
+    held = []
+    try:
+        for _ in range(300):  # a request line and no more: half-open
+            sock = socket.create_connection(server.server_address[:2], timeout=5)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        started = time.perf_counter()
+        status, page, _ = Client(server).request("GET", "/")
+        served_in = time.perf_counter() - started
+        assert status == 200 and "<!doctype html>" in page
+        assert served_in < 1.5, served_in  # measured: a few hundredths of a second
+        # The half-open ones are dropped after the read timeout, freeing their threads.
+        deadline = time.monotonic() + 10
+        while threading.active_count() > 50 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert threading.active_count() <= 50
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_connections_past_the_cap_get_an_immediate_503(shop):
+    srv = make_server(shop, "127.0.0.1", 0, shop.goal_set.split("test"), max_connections=2)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    held = []
+    try:
+        for _ in range(2):
+            sock = socket.create_connection(srv.server_address[:2], timeout=5)
+            sock.sendall(b"GET / HTTP/1.1\r\n")
+            held.append(sock)
+        import time
+
+        time.sleep(0.3)
+        status, _, _ = Client(srv).request("GET", "/")
+        assert status == 503
+    finally:
+        for sock in held:
+            sock.close()
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_shoppers_session_survives_a_flood_of_cookieless_visitors(server):
+    shopper = Client(server)
+    shopper.request("GET", "/new?goal=3")
+    status, page, _ = shopper.request("GET", "/")  # comes back: a returning visitor
+    assert status == 200
+    for _ in range(1_100):
+        Client(server).request("GET", "/")
+    status, again, _ = shopper.request("GET", "/")
+    assert status == 200 and again == page  # the same session, not a new one
+
+
+def test_sessions_expire_when_idle():
+    from envhub_webshop.server import SessionStore, Visitor
+
+    now = [0.0]
+    store = SessionStore(max_sessions=10, idle_seconds=60, clock=lambda: now[0])
+    store.put("a", Visitor(session=None))
+    assert store.get("a") is not None
+    now[0] = 61
+    assert store.get("a") is None and len(store) == 0

@@ -21,7 +21,16 @@ def webshop() -> None:
 @click.option("--setting", default=SMALL, show_default=True, type=click.Choice([SMALL, FULL]), help="1,000 products or the full set.")
 @click.option("--no-quirks", is_flag=True, help="Fix upstream's colour-normalisation quirk in the reward.")
 @click.option("--verbose", is_flag=True, help="Log every request.")
-def serve(host: str, port: int, split: str, data_dir: str | None, setting: str, no_quirks: bool, verbose: bool) -> None:
+@click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="Connections served at once (a thread each); more get an immediate 503. Each read waits 10 s at most.")
+@click.option("--max-sessions", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Sessions remembered, per tier: new visitors, and visitors who came back (a flood of new ones never evicts the latter).")
+@click.option("--idle-minutes", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="A session unused this long expires.")
+def serve(
+    host: str, port: int, split: str, data_dir: str | None, setting: str, no_quirks: bool, verbose: bool,
+    max_connections: int, max_sessions: int, idle_minutes: float,
+) -> None:
     """Serve the shop as web pages, one session per visitor, until Ctrl-C."""
     from envhub_webshop.server import make_server
     from envhub_webshop.shop import load_shop
@@ -31,7 +40,10 @@ def serve(host: str, port: int, split: str, data_dir: str | None, setting: str, 
     except DataNotFound as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        server = make_server(shop, host, port, shop.goal_set.split(split), upstream_quirks=not no_quirks)
+        server = make_server(
+            shop, host, port, shop.goal_set.split(split), upstream_quirks=not no_quirks,
+            max_connections=max_connections, max_sessions=max_sessions, idle_seconds=60 * idle_minutes,
+        )
     except OSError as exc:
         raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}; try another --port") from None
     server.verbose = verbose

@@ -20,6 +20,7 @@ import random
 import secrets
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,10 @@ _TEMPLATES = jinja2.Environment(
 )
 
 
+#: See ``WebShopHandler.timeout``.
+READ_TIMEOUT = 10.0
+
+
 class BadRequest(Exception):
     """A request the server refuses, with its 4xx status and a message for the visitor."""
 
@@ -61,34 +66,56 @@ class Visitor:
 
 
 class SessionStore:
-    """Visitors by session id, least recently used dropped beyond ``max_sessions``."""
+    """Visitors by session id, in two tiers, so that a flood of new visitors cannot evict the
+    ones who are shopping.
 
-    def __init__(self, max_sessions: int = 1000):
+    A session starts *new*; the first time its visitor comes back with the cookie it becomes
+    *returning*. Each tier is bounded (least recently used dropped first), and a session idle for
+    more than ``idle_seconds`` expires. Cookie-less requests only ever create new sessions, so a
+    flood of them churns the new tier and never touches a returning visitor.
+    """
+
+    def __init__(self, max_sessions: int = 1000, max_new: int | None = None, idle_seconds: float = 3600.0, clock: Any = time.monotonic):
         self.max_sessions = max_sessions
-        self._visitors: collections.OrderedDict[str, Visitor] = collections.OrderedDict()
+        self.max_new = max_new if max_new is not None else max_sessions
+        self.idle_seconds = idle_seconds
+        self._clock = clock
+        self._new: collections.OrderedDict[str, tuple[Visitor, float]] = collections.OrderedDict()
+        self._returning: collections.OrderedDict[str, tuple[Visitor, float]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, sid: str | None) -> Visitor | None:
-        """Return the visitor of ``sid`` (marking it recently used), or None."""
+        """Return the visitor of ``sid`` (marking it recently used, and returning), or None."""
         if not sid:
             return None
+        now = self._clock()
         with self._lock:
-            visitor = self._visitors.get(sid)
-            if visitor is not None:
-                self._visitors.move_to_end(sid)
-            return visitor
+            self._expire(now)
+            entry = self._returning.pop(sid, None) or self._new.pop(sid, None)
+            if entry is None:
+                return None
+            self._returning[sid] = (entry[0], now)
+            while len(self._returning) > self.max_sessions:
+                self._returning.popitem(last=False)
+            return entry[0]
 
     def put(self, sid: str, visitor: Visitor) -> None:
-        """Store ``visitor`` under ``sid``, evicting the least recently used beyond the cap."""
+        """Store a new visitor under ``sid``, evicting the least recently used new one beyond the cap."""
+        now = self._clock()
         with self._lock:
-            self._visitors[sid] = visitor
-            self._visitors.move_to_end(sid)
-            while len(self._visitors) > self.max_sessions:
-                self._visitors.popitem(last=False)
+            self._expire(now)
+            self._new[sid] = (visitor, now)
+            while len(self._new) > self.max_new:
+                self._new.popitem(last=False)
+
+    def _expire(self, now: float) -> None:
+        for tier in (self._new, self._returning):
+            while tier and now - next(iter(tier.values()))[1] > self.idle_seconds:
+                tier.popitem(last=False)
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._visitors)
+            return len(self._new) + len(self._returning)
 
 
 class WebShopServer(ThreadingHTTPServer):
@@ -103,20 +130,57 @@ class WebShopServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    #: The listen backlog (socketserver's default of 5 makes a burst of connections wait on SYN retries).
+    request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], shop: Shop, split_indices: range, upstream_quirks: bool = True, max_sessions: int = 1000):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        shop: Shop,
+        split_indices: range,
+        upstream_quirks: bool = True,
+        max_sessions: int = 1000,
+        max_connections: int = 1024,
+        idle_seconds: float = 3600.0,
+    ):
         super().__init__(address, WebShopHandler)
         self.shop = shop
         self.split_indices = split_indices
         self.upstream_quirks = upstream_quirks
-        self.sessions = SessionStore(max_sessions)
+        self.sessions = SessionStore(max_sessions, idle_seconds=idle_seconds)
+        #: At most this many connections are served at once (one thread each); beyond it a
+        #: connection gets an immediate 503 instead of a thread. With the handlers' read timeout,
+        #: slow or half-open clients hold a slot for seconds, not for as long as they like.
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.verbose = False
         self._rng = random.Random()
         self._rng_lock = threading.Lock()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to ``max_connections``; past that, an immediate 503."""
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n")
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A visitor hanging up is routine; anything else is printed as usual."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)
 
     @property
@@ -138,6 +202,9 @@ class WebShopHandler(BaseHTTPRequestHandler):
     """Routes requests to the visitor's session and renders its page."""
 
     server: WebShopServer
+    #: Seconds a read may wait on the client (the request line, headers, body): a half-open or
+    #: slow client holds its thread this long at most.
+    timeout = READ_TIMEOUT
     server_version = "envhub-webshop"
     protocol_version = "HTTP/1.1"
 
@@ -335,8 +402,16 @@ def render_page(session: ShopSession, code: str = "") -> str:
 
 
 def make_server(
-    shop: Shop, host: str = "127.0.0.1", port: int = 0, split_indices: range | None = None, upstream_quirks: bool = True
+    shop: Shop,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    split_indices: range | None = None,
+    upstream_quirks: bool = True,
+    **limits: Any,
 ) -> WebShopServer:
-    """Create (not start) a server for ``shop``; call ``serve_forever()`` on it, ``shutdown()`` to stop."""
-    return WebShopServer((host, port), shop, split_indices if split_indices is not None else range(len(shop.goals)), upstream_quirks)
+    """Create (not start) a server for ``shop``; call ``serve_forever()`` on it, ``shutdown()`` to stop.
+
+    ``limits``: ``max_sessions``, ``max_connections``, ``idle_seconds`` (see :class:`WebShopServer`)."""
+    indices = split_indices if split_indices is not None else range(len(shop.goals))
+    return WebShopServer((host, port), shop, indices, upstream_quirks, **limits)
 
