@@ -32,7 +32,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from envhub.records import Sample
+from envhub.trajectory import Sample
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.rollout_batch import token_advantages

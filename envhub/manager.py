@@ -23,7 +23,7 @@ from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
 from envhub.registration import spec
-from envhub.records import Trajectory, Turn
+from envhub.trajectory import Trajectory, Turn
 
 #: The sample layouts: one sample per episode, or one per turn with a window of history.
 LAYOUTS = ("trajectory", "step")

@@ -1,7 +1,7 @@
 """The turn loop: :func:`rollout` drives an :class:`~envhub.manager.EnvGroupManager` with a
 generator until every episode of the batch has ended.
 
-The records it returns live in :mod:`envhub.records` and are re-exported here.
+The records it returns live in :mod:`envhub.trajectory` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
-from envhub.records import (  # noqa: F401  (re-exported: the records of a rollout)
+from envhub.trajectory import (  # noqa: F401  (re-exported: the records of a rollout)
     END_REASONS,
     Sample,
     Trajectory,

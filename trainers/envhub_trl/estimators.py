@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from envhub.records import Trajectory, step_arrays
+from envhub.trajectory import Trajectory, step_arrays
 from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, grpo_advantages
 
 

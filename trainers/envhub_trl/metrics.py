@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from envhub.records import Trajectory, batch_metrics
+from envhub.trajectory import Trajectory, batch_metrics
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], keep: np.ndarray, anchor_size: np.ndarray | None = None) -> dict[str, float]:

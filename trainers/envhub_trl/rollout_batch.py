@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from envhub.error import EnvhubError
-from envhub.records import Sample, Trajectory
+from envhub.trajectory import Sample, Trajectory
 from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate
 
