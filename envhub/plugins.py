@@ -7,6 +7,7 @@ whose hook raises, is recorded with its error and never stops the others.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import importlib
@@ -78,10 +79,9 @@ class PluginHost:
             return
         self.loaded = True
         allowed = _allowed_plugins()
-        names = set(DEFAULT_PLUGINS)
-        for ep in _entry_points():
-            dist = getattr(ep, "dist", None)
-            names |= {ep.name, dist.name if dist is not None else ep.name}
+        points = _entry_points()  # one scan of the installed distributions
+        per_dist = collections.Counter(_dist_name(ep) for ep in points)
+        names = set(DEFAULT_PLUGINS) | {ep.name for ep in points} | set(per_dist)
         self.available = sorted(names)
         #: The namespace each distribution named envhub-<namespace> owns.
         self.owners = {n.removeprefix("envhub-"): n for n in names if n.startswith("envhub-")}
@@ -90,10 +90,6 @@ class PluginHost:
             if allowed is None or name in allowed:
                 version = importlib.metadata.version("envhub")
                 self._load_one(name, version, module_name, lambda m=module_name: importlib.import_module(m))
-        points = _entry_points()
-        per_dist: dict[str, int] = {}
-        for ep in points:
-            per_dist[_dist_name(ep)] = per_dist.get(_dist_name(ep), 0) + 1
         for ep in points:
             dist = getattr(ep, "dist", None)
             dist_name = _dist_name(ep)
