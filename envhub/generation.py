@@ -255,6 +255,11 @@ class _ActionGenerator:
         return completions
 
 
+def _random_legal(prompt: Prompt, rng: np.random.Generator) -> str:
+    """A uniformly random one of the prompt's legal actions."""
+    return prompt.valid_actions[int(rng.integers(len(prompt.valid_actions)))]
+
+
 class RandomGenerator(_ActionGenerator):
     """Replies with a uniformly random legal action, from its own seeded generator.
 
@@ -270,7 +275,7 @@ class RandomGenerator(_ActionGenerator):
     def _action(self, prompt: Prompt) -> str:
         if not prompt.valid_actions:
             raise PolicyError("the random generator needs a finite list of legal actions")
-        return prompt.valid_actions[int(self.rng.integers(len(prompt.valid_actions)))]
+        return _random_legal(prompt, self.rng)
 
 
 class ExpertGenerator(_ActionGenerator):
@@ -297,5 +302,5 @@ class ExpertGenerator(_ActionGenerator):
         if prompt.expert_action is None:
             raise PolicyError("this environment has no expert action; use the random generator or a model")
         if self.epsilon and prompt.valid_actions and self.rng.random() < self.epsilon:
-            return prompt.valid_actions[int(self.rng.integers(len(prompt.valid_actions)))]
+            return _random_legal(prompt, self.rng)
         return prompt.expert_action
