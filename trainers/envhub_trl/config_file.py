@@ -61,21 +61,13 @@ def _coerce(value: Any, annotation: Any) -> Any:
         if isinstance(value, bool):
             return value
         raise ValueError
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, int):
-            return value
+    if annotation in (int, float):
+        # An int is a number; a float is not an integer (group_size: 4.5); a bool is neither.
+        numbers = (int,) if annotation is int else (int, float)
+        if isinstance(value, numbers) and not isinstance(value, bool):
+            return annotation(value)
         if isinstance(value, str):
-            return int(value.strip())
-        raise ValueError
-    if annotation is float:
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            return float(value.strip())
+            return annotation(value.strip())
         raise ValueError
     if annotation is str:
         if isinstance(value, str):
