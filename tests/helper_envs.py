@@ -6,7 +6,9 @@ never sees them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -131,11 +133,18 @@ class CharTokenizer:
         return "".join(out)
 
 
+@contextlib.contextmanager
+def registered(env_id: str, entry_point: str, **spec_kwargs: Any) -> Iterator[str]:
+    """Register ``env_id`` for the ``with`` block (workers can make it: entry points are strings)."""
+    envhub.register(env_id, entry_point, **spec_kwargs)
+    try:
+        yield env_id
+    finally:
+        registry.remove(env_id)
+
+
 @pytest.fixture
 def flaky_env():
     """Register ``test/Flaky-v0`` and ``test/Exit-v0`` for one test; yield the first id."""
-    envhub.register("test/Flaky-v0", "helper_envs:FlakyEnv", max_turns=5)
-    envhub.register("test/Exit-v0", "helper_envs:ExitEnv", max_turns=5)
-    yield "test/Flaky-v0"
-    registry.remove("test/Flaky-v0")
-    registry.remove("test/Exit-v0")
+    with registered("test/Flaky-v0", "helper_envs:FlakyEnv", max_turns=5), registered("test/Exit-v0", "helper_envs:ExitEnv", max_turns=5):
+        yield "test/Flaky-v0"

@@ -148,11 +148,10 @@ class NoExpert(Good):
 
 
 def test_checks_that_do_not_apply_say_skipped():
-    envhub.register("test/NoExpert-v0", NoExpert, max_turns=6)
-    try:
+    from helper_envs import registered
+
+    with registered("test/NoExpert-v0", NoExpert, max_turns=6):
         report = check_env("test/NoExpert-v0", cross_process=False)
-    finally:
-        envhub.registry.remove("test/NoExpert-v0")
     expert = next(r for r in report.results if r.name == "expert_action is legal")
     assert report.ok and expert.skipped == "no expert"
     assert "SKIP  expert_action is legal: no expert" in report.format() and "PASS  expert_action" not in report.format()

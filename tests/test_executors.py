@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helper_envs import flaky_env  # noqa: F401  (fixture)
+from helper_envs import flaky_env, registered  # noqa: F401  (fixture)
 
 from envhub.executors import InProcessExecutor, ProcessPoolExecutor, make_executor
 from envhub.generation import RandomGenerator
@@ -125,20 +125,13 @@ def test_ray_actors_play_the_same_episodes_and_survive_a_dead_actor(ray_cluster,
 
 
 def test_an_unpicklable_info_is_reported_with_its_key_not_as_a_dead_worker():
-    import envhub
-    from envhub.registration import registry
-
-    envhub.register("test/Unpicklable-v0", "helper_envs:UnpicklableInfoEnv", max_turns=5)
-    try:
-        with ProcessPoolExecutor(num_workers=1) as executor:
-            manager = EnvGroupManager("test/Unpicklable-v0", 1, 2, executor=executor)
-            manager.reset()
-            manager.prompts()
-            manager.step(["<answer>Boom</answer>", "<answer>Ok</answer>"])
-            bad, good = manager.trajectories()
-            assert executor.restarts == 0
-    finally:
-        registry.remove("test/Unpicklable-v0")
+    with registered("test/Unpicklable-v0", "helper_envs:UnpicklableInfoEnv", max_turns=5), ProcessPoolExecutor(num_workers=1) as executor:
+        manager = EnvGroupManager("test/Unpicklable-v0", 1, 2, executor=executor)
+        manager.reset()
+        manager.prompts()
+        manager.step(["<answer>Boom</answer>", "<answer>Ok</answer>"])
+        bad, good = manager.trajectories()
+        assert executor.restarts == 0
     assert bad.end_reason == "error" and "info key 'handle', a lock" in bad.error and "WorkerDied" not in bad.error
     assert good.end_reason is None and good.num_turns == 1
 
@@ -146,50 +139,36 @@ def test_an_unpicklable_info_is_reported_with_its_key_not_as_a_dead_worker():
 def test_a_hung_step_ends_only_its_episode_within_the_deadline():
     import time
 
-    import envhub
-    from envhub.registration import registry
-
-    envhub.register("test/Hang-v0", "helper_envs:HangEnv", max_turns=5)
-    try:
-        with ProcessPoolExecutor(num_workers=2, step_timeout=2.0) as executor:
-            manager = EnvGroupManager("test/Hang-v0", 1, 6, executor=executor)
-            manager.reset()
-            manager.prompts()
-            started = time.perf_counter()
-            # Slot 2 hangs; slots 0 and 4 share its worker, before and after it.
-            manager.step(["<answer>Ok</answer>", "<answer>Ok</answer>", "<answer>Boom</answer>", "<answer>Ok</answer>",
-                          "<answer>Ok</answer>", "<answer>Ok</answer>"])
-            took = time.perf_counter() - started
-            trajectories = manager.trajectories()
-            assert trajectories[2].end_reason == "error" and "took longer than step_timeout=2s" in trajectories[2].error
-            assert [t.end_reason for i, t in enumerate(trajectories) if i != 2] == [None] * 5
-            assert [t.num_turns for t in trajectories] == [1, 1, 0, 1, 1, 1]
-            manager.prompts()
-            manager.step(["<answer>Win</answer>"] * 5)  # the others carry on, on the replaced worker too
-            assert [t.success for t in trajectories] == [True, True, False, True, True, True]
-    finally:
-        registry.remove("test/Hang-v0")
+    with registered("test/Hang-v0", "helper_envs:HangEnv", max_turns=5), ProcessPoolExecutor(num_workers=2, step_timeout=2.0) as executor:
+        manager = EnvGroupManager("test/Hang-v0", 1, 6, executor=executor)
+        manager.reset()
+        manager.prompts()
+        started = time.perf_counter()
+        # Slot 2 hangs; slots 0 and 4 share its worker, before and after it.
+        manager.step(["<answer>Ok</answer>", "<answer>Ok</answer>", "<answer>Boom</answer>", "<answer>Ok</answer>",
+                      "<answer>Ok</answer>", "<answer>Ok</answer>"])
+        took = time.perf_counter() - started
+        trajectories = manager.trajectories()
+        assert trajectories[2].end_reason == "error" and "took longer than step_timeout=2s" in trajectories[2].error
+        assert [t.end_reason for i, t in enumerate(trajectories) if i != 2] == [None] * 5
+        assert [t.num_turns for t in trajectories] == [1, 1, 0, 1, 1, 1]
+        manager.prompts()
+        manager.step(["<answer>Win</answer>"] * 5)  # the others carry on, on the replaced worker too
+        assert [t.success for t in trajectories] == [True, True, False, True, True, True]
     assert took < 2.0 + 8.0  # the deadline, plus starting a worker and replaying its episodes
 
 
 def test_a_replay_that_does_not_reach_the_recorded_state_ends_that_episode():
-    import envhub
-    from envhub.registration import registry
-
-    envhub.register("test/Nondet-v0", "helper_envs:NondeterministicEnv", max_turns=5)
-    try:
-        with ProcessPoolExecutor(num_workers=2) as executor:
-            manager = EnvGroupManager("test/Nondet-v0", 1, 4, executor=executor)
-            manager.reset()
-            manager.prompts()
-            manager.step(["<answer>Ok</answer>"] * 4)
-            executor.workers[1].process.kill()  # slots 1 and 3 live there
-            executor.workers[1].process.join()
-            manager.prompts()
-            manager.step(["<answer>Ok</answer>"] * 4)
-            trajectories = manager.trajectories()
-    finally:
-        registry.remove("test/Nondet-v0")
+    with registered("test/Nondet-v0", "helper_envs:NondeterministicEnv", max_turns=5), ProcessPoolExecutor(num_workers=2) as executor:
+        manager = EnvGroupManager("test/Nondet-v0", 1, 4, executor=executor)
+        manager.reset()
+        manager.prompts()
+        manager.step(["<answer>Ok</answer>"] * 4)
+        executor.workers[1].process.kill()  # slots 1 and 3 live there
+        executor.workers[1].process.join()
+        manager.prompts()
+        manager.step(["<answer>Ok</answer>"] * 4)
+        trajectories = manager.trajectories()
     for t in trajectories[1::2]:
         assert t.end_reason == "error" and t.error.startswith("non-deterministic env: replaying this episode's seed")
         assert t.num_turns == 1  # no move recorded from a state the episode was never in

@@ -156,6 +156,8 @@ def test_a_plugin_that_exits_on_import_is_reported_and_the_others_load(monkeypat
 
 
 def test_sys_exit_in_step_ends_only_its_own_episode():
+    from helper_envs import registered
+
     from envhub.executors import InProcessExecutor
     from envhub.generation import ExpertGenerator
     from envhub.manager import EnvGroupManager
@@ -183,12 +185,9 @@ def test_sys_exit_in_step_ends_only_its_own_episode():
         def expert_action(self):
             return "go"
 
-    envhub.register("test/Exits-v0", Exits, max_turns=3)
-    try:
+    with registered("test/Exits-v0", Exits, max_turns=3):
         manager = EnvGroupManager({"test/Exits-v0": 1, "frozenlake/FrozenLakeNotSlippery-v0": 1}, group_size=1, executor=InProcessExecutor())
         exited, lake = rollout(manager, ExpertGenerator())
-    finally:
-        envhub.registry.remove("test/Exits-v0")
     assert exited.error.startswith("SystemExit: step exits") and exited.end_reason == "error"
     assert lake.success and lake.error is None
 
