@@ -15,6 +15,11 @@ Held-out success is measured on the same 256 seeds for every run, next to the re
 success, the mean over training seeds; a missed target is reported, with its curve.
 
     python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
+                             [--jobs N] [--set KEY=VALUE ...]
+
+``--set KEY=VALUE`` overrides a config value in every env (``envhub train``'s syntax), e.g.
+``--set generator=hf --set use_cpu=false`` on a GPU machine; ``--jobs N`` runs N trainings at once, each child with its share of
+the CPU threads (a machine with many cores, or a GPU that one tiny model leaves mostly idle).
 
 Prints one line per run, then a table and the targets; writes bench/results/learning.json and
 bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). Several hours
@@ -31,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import yaml
 
 from envhub.cli import table
+from envhub_trl.config_file import apply_overrides
 from envhub_trl.estimators import ESTIMATORS
 from envhub_trl.train_command import STAGES, run_training
 from envhub_trl.warm_start import WarmStart
@@ -93,15 +100,17 @@ def child(spec_path: str) -> None:
     run_training(spec["values"], spec["model"], warm_start=WarmStart.from_mapping(spec["warm_start"]))
 
 
-def launch(spec: dict[str, Any], out: Path) -> tuple[dict[str, Any] | None, str]:
+def launch(spec: dict[str, Any], out: Path, threads: int | None = None) -> tuple[dict[str, Any] | None, str]:
     """Run ``spec`` in a child process with its output in ``out/run.log``; return its results, or
-    None and the log's last line when it failed."""
+    None and the log's last line when it failed. ``threads`` caps the child's CPU threads."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").unlink(missing_ok=True)
     (out / "spec.json").write_text(json.dumps(spec, indent=2))
     log = out / "run.log"
     with log.open("w") as handle:
-        code = subprocess.run([sys.executable, __file__, "--run", str(out / "spec.json")], stdout=handle, stderr=subprocess.STDOUT).returncode
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)) if threads else None
+        command = [sys.executable, __file__, "--run", str(out / "spec.json")]
+        code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     if code == 0 and (out / "results.json").exists():
         return json.loads((out / "results.json").read_text()), ""
     lines = log.read_text(errors="replace").strip().splitlines()
@@ -269,8 +278,13 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
     parser.add_argument("--smoke", action="store_true", help="A check that everything runs: 1 seed, 2 RL steps of 8 episodes of 6 turns, "
                         "16 held-out episodes, a token warm start; outputs under bench/results/learning-smoke/.")
+    parser.add_argument("--jobs", type=int, default=1, help="Trainings run at once (default 1); each child gets cores / jobs CPU threads.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="Override a config value in every env (repeatable), e.g. --set generator=hf.")
     parser.add_argument("--run", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     if args.run:
         child(args.run)
         return
@@ -292,33 +306,48 @@ def main() -> None:
             run["warm_start"] = {**run["warm_start"], **SMOKE_WARM_START}
         if args.max_steps is not None:
             values["max_steps"] = args.max_steps
+        try:
+            merged = apply_overrides({**values, **run}, args.overrides)
+        except ValueError as error:
+            parser.error(str(error))
+        run.update({key: merged.pop(key) for key in RUN_KEYS})
+        values.clear()
+        values.update(merged)
 
     runs: dict[str, dict[str, dict[int, dict[str, Any]]]] = {name: {} for name in names}
     failed = []
     # Seeds outermost: an interrupted benchmark has every env and algorithm at its first seeds.
+    todo = []
     for seed in range(seeds):
         for name in names:
             values, run, _ = loaded[name]
             for algo in args.algos:
                 out = root / name / algo / f"seed{seed}"
-                spec = run_spec(values, run, algo, seed, out)
-                label = f"{name:<24} {algo:<6} seed{seed}"
-                if is_done(out, spec):
-                    results, note = json.loads((out / "results.json").read_text()), "(done before)"
-                elif args.finished_only:
-                    print(f"{label}  not run yet", flush=True)
-                    continue
-                else:
-                    results, error = launch(spec, out)
-                    if results is None:
-                        failed.append({"env": name, "algo": algo, "seed": seed, "error": error})
-                        print(f"{label}  FAILED, {error}", flush=True)
-                        continue
-                    note = f"({results['seconds'] / 60:.1f} min)"
-                rates = results["evaluations"][STAGES[2]]
-                print(f"{label}  held-out success after RL: {rates['greedy']['success_rate']:.1%} greedy, "
-                      f"{rates['sampled']['success_rate']:.1%} sampled  {note}", flush=True)
-                runs[name].setdefault(algo, {})[seed] = results
+                todo.append((name, algo, seed, out, run_spec(values, run, algo, seed, out)))
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+
+    def one(item: tuple[str, str, int, Path, dict[str, Any]]) -> None:
+        name, algo, seed, out, spec = item
+        label = f"{name:<24} {algo:<6} seed{seed}"
+        if is_done(out, spec):
+            results, note = json.loads((out / "results.json").read_text()), "(done before)"
+        elif args.finished_only:
+            print(f"{label}  not run yet", flush=True)
+            return
+        else:
+            results, error = launch(spec, out, threads)
+            if results is None:
+                failed.append({"env": name, "algo": algo, "seed": seed, "error": error})
+                print(f"{label}  FAILED, {error}", flush=True)
+                return
+            note = f"({results['seconds'] / 60:.1f} min)"
+        rates = results["evaluations"][STAGES[2]]
+        print(f"{label}  held-out success after RL: {rates['greedy']['success_rate']:.1%} greedy, "
+              f"{rates['sampled']['success_rate']:.1%} sampled  {note}", flush=True)
+        runs[name].setdefault(algo, {})[seed] = results
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, todo))
 
     envs = {name: summarise_env(name, runs[name], loaded[name][2]) for name in names if runs[name]}
     report = {
