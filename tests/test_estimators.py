@@ -91,3 +91,25 @@ def test_config_takes_rolls_names_and_the_old_ones_as_aliases():
         EnvGRPOConfig(output_dir="x", use_cpu=True, step_gamma=0.8, step_reward_gamma=0.7)
     with pytest.raises(ValueError, match="advantage_estimator must be one of"):
         EnvGRPOConfig(output_dir="x", use_cpu=True, advantage_estimator="ppo")
+
+
+def test_reinforce_plus_plus_folds_a_token_kl_penalty_into_returns_whitened_over_the_batch():
+    # Episode 0: turn 0 (2 tokens, reward 0), turn 1 (1 token, reward 1); episode 1: one turn of
+    # 2 tokens, reward 0.5. log pi - log pi_ref per token: 0.1, 0.2 | 0.0 | 0.3, -0.1.
+    turns = batch([0.0, 1.0, 0.5], [0, 0, 1], [0, 1, 0], [0, 1])
+    logps = np.array([-1.0, -2.0, -0.5, -1.0, -3.0])
+    tokens = turns.with_tokens([0, 0, 1, 2, 2], logps=logps, ref_logps=logps - [0.1, 0.2, 0.0, 0.3, -0.1])
+    out = estimate("reinforce++", tokens, EstimatorSettings(kl_coef=0.5))
+    # Token rewards -0.5 * KL, each turn's reward on its last token: -0.05, -0.1 | 1.0 | -0.15, 0.55;
+    # undiscounted rewards-to-go within each episode: 0.85, 0.9, 1.0 | 0.4, 0.55.
+    returns = np.array([0.85, 0.9, 1.0, 0.4, 0.55])
+    np.testing.assert_allclose(out["token_advantages"], (returns - returns.mean()) / (returns.std() + 1e-8))
+    np.testing.assert_allclose(out["kl"], [0.1, 0.2, 0.0, 0.3, -0.1], atol=1e-12)
+    assert "advantages" not in out
+
+
+def test_an_estimator_that_needs_log_probs_refuses_a_batch_without_them():
+    with pytest.raises(ValueError, match="needs the batch's logps, ref_logps"):
+        estimate("reinforce++", THREE_AND_ONE)
+    with pytest.raises(ValueError, match="unknown batch fields"):
+        register("needs_values", needs=("values",))

@@ -336,6 +336,33 @@ def test_every_estimator_trains_in_both_layouts_with_its_own_advantages(tiny, tm
         np.testing.assert_allclose(seen, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_reinforce_plus_plus_trains_on_kl_shaped_token_returns_against_a_frozen_reference(tiny, tmp_path, layout):
+    """REINFORCE++ runs after the score stage: its reference is the policy as RL started, frozen;
+    on the first batch policy and reference agree (KL 0), so each model token's advantage is its
+    episode's reward-to-go whitened over every model token of the batch; later the KL is not 0."""
+    config = _config(tmp_path, advantage_estimator="reinforce++", sample_layout=layout, max_turns=5, format_penalty=-0.1, kl_coef=0.05)
+    trainer, before, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert all(torch.equal(before[k], v) for k, v in trainer._reference.state_dict().items())
+
+    output, trajectories = batches[0]["output"], batches[0]["trajectories"]
+    expected = []
+    for t in trajectories:
+        samples = [t.sample()] if layout == "trajectory" else t.step_samples()
+        model_turns = np.concatenate([np.asarray(s.turn_ids)[np.asarray(s.env_mask, dtype=bool)] for s in samples])
+        rewards = [turn.reward for turn in t.turns]
+        expected += [sum(rewards[k:]) for k in model_turns]
+    expected = np.asarray(expected)
+    expected = (expected - expected.mean()) / (expected.std() + 1e-8)
+    mask = (output["tool_mask"] * output["completion_mask"]).bool()
+    seen = np.concatenate([output["advantages"][row][mask[row]].numpy() for row in range(len(mask))])
+    np.testing.assert_allclose(seen, expected, rtol=1e-4, atol=1e-5)
+    kls = [entry["env/kl"] for entry in trainer.state.log_history if "env/kl" in entry]
+    assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] != 0.0
+
+
 def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
     config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
     trainer, before, batches = spied_run(tiny, config)

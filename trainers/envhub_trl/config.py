@@ -106,11 +106,18 @@ class EnvGRPOConfig(GRPOConfig):
     )
     advantage_estimator: str = field(
         default="gigpo",
-        metadata={"help": "A registered estimator: `grpo` (episode level), `gigpo` (episode + step level), `rloo`, `step_reinforce`."},
+        metadata={
+            "help": "A registered estimator: `grpo` (episode level), `gigpo` (episode + step level), `rloo`, `step_reinforce`, "
+            "`reinforce++` (token-level KL-shaped returns, whitened over the batch)."
+        },
     )
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
     step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
     step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
+    kl_coef: float = field(
+        default=0.01,
+        metadata={"help": "REINFORCE++: the weight of the per-token KL penalty to the reference model folded into the reward (OpenRLHF's init_kl_coef)."},
+    )
     step_advantage_weight: float | None = field(default=None, metadata={"help": "Alias of step_reward_weight."})
     step_gamma: float | None = field(default=None, metadata={"help": "Alias of step_reward_gamma."})
     advantage_norm: str = field(
@@ -150,6 +157,7 @@ class EnvGRPOConfig(GRPOConfig):
             step_reward_weight=self.step_reward_weight,
             step_reward_gamma=self.step_reward_gamma,
             norm=self.advantage_norm,
+            kl_coef=self.kl_coef,
         )
 
     def manager_kwargs(self) -> dict[str, Any]:

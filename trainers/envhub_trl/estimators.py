@@ -12,10 +12,14 @@ function here plus its test::
 
 ``envhub train --algo`` and ``EnvGRPOConfig.advantage_estimator`` accept every registered name.
 
-Estimators here work from rewards alone: ``grpo`` and ``gigpo`` (exact, checked against an
-independent reference in the tests), ``rloo`` and ``step_reinforce``. Those that need model
-quantities (reference log-probs for REINFORCE++'s KL-shaped reward, a critic's values for PPO)
-are not here yet.
+An estimator that needs model quantities names them when it registers
+(``@register("reinforce++", needs=("logps", "ref_logps"))``): the trainer then runs it after the
+score stage, with the batch's per-token fields filled, and it may return ``"token_advantages"``
+(one per model token, in the batch's token order) instead of per-turn ones.
+
+Estimators here: ``grpo`` and ``gigpo`` (exact, checked against an independent reference in the
+tests), ``rloo`` and ``step_reinforce`` work from rewards alone; ``reinforce++`` needs the
+policy's and the reference model's log-probs. PPO's critic values are not here yet.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class TurnBatch:
         state_keys: ``(n_turns,)``, the state each reply was made in (GiGPO's anchors).
         traj_groups: ``(n_traj,)``, each episode's env group (members share an initial state).
         env_ids: ``(n_traj,)``, each episode's environment id.
+        token_turn: ``(n_tokens,)``, the turn (an index into the per-turn arrays) of each model
+            token; tokens come turn by turn in batch order, each turn's in the order sampled (its
+            span is where ``token_turn`` equals the turn). None before the score stage.
+        logps: ``(n_tokens,)``, the policy's log-probability of each model token (score stage).
+        ref_logps: ``(n_tokens,)``, the reference model's (score stage).
     """
 
     rewards: np.ndarray
@@ -49,6 +58,9 @@ class TurnBatch:
     state_keys: np.ndarray
     traj_groups: np.ndarray
     env_ids: np.ndarray
+    token_turn: np.ndarray | None = None
+    logps: np.ndarray | None = None
+    ref_logps: np.ndarray | None = None
 
     @classmethod
     def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> TurnBatch:
@@ -62,6 +74,10 @@ class TurnBatch:
             traj_groups=steps["traj_groups"],
             env_ids=np.array([t.env_id for t in trajectories], dtype=object),
         )
+
+    def with_tokens(self, token_turn: np.ndarray, **fields: np.ndarray | None) -> TurnBatch:
+        """This batch with its per-token fields (``token_turn`` and any of ``logps``, ``ref_logps``)."""
+        return dataclasses.replace(self, token_turn=np.asarray(token_turn, dtype=np.int64), **fields)
 
     @property
     def num_episodes(self) -> int:
@@ -82,38 +98,56 @@ class EstimatorSettings:
         step_reward_weight: the weight of the step-level advantage (GiGPO's ω).
         step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
         norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
+        kl_coef: REINFORCE++'s β, the weight of the per-token KL penalty folded into the reward.
     """
 
     episode_reward_weight: float = 1.0
     step_reward_weight: float = 1.0
     step_reward_gamma: float = 0.95
     norm: Norm = "mean_std"
+    kl_coef: float = 0.01
 
 
 Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
 #: Every registered estimator, by name.
 ESTIMATORS: dict[str, Estimator] = {}
+#: The per-token fields of :class:`TurnBatch` each estimator needs (filled by the score stage).
+NEEDS: dict[str, tuple[str, ...]] = {}
+TOKEN_FIELDS = ("logps", "ref_logps")
 
 
-def register(name: str) -> Callable[[Estimator], Estimator]:
-    """Register an estimator under ``name`` (a second one under the same name is an error)."""
+def register(name: str, needs: Sequence[str] = ()) -> Callable[[Estimator], Estimator]:
+    """Register an estimator under ``name`` (a second one under the same name is an error);
+    ``needs`` names the per-token fields of :class:`TurnBatch` it reads (see :data:`TOKEN_FIELDS`)."""
+    unknown = sorted(set(needs) - set(TOKEN_FIELDS))
+    if unknown:
+        raise ValueError(f"estimator {name!r} needs unknown batch fields {unknown}; known: {list(TOKEN_FIELDS)}")
 
     def decorate(function: Estimator) -> Estimator:
         if name in ESTIMATORS:
             raise ValueError(f"an advantage estimator named {name!r} is already registered")
         ESTIMATORS[name] = function
+        NEEDS[name] = tuple(needs)
         return function
 
     return decorate
 
 
 def estimate(name: str, batch: TurnBatch, settings: EstimatorSettings | None = None) -> dict[str, Any]:
-    """Run the estimator ``name`` on ``batch``; returns at least ``advantages`` (one per turn)."""
+    """Run the estimator ``name`` on ``batch``; returns ``advantages`` (one per turn) or
+    ``token_advantages`` (one per model token of ``batch.token_turn``)."""
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    missing = [field for field in NEEDS[name] if getattr(batch, field) is None]
+    if missing:
+        raise ValueError(f"estimator {name!r} needs the batch's {', '.join(missing)} (filled by the trainer's score stage)")
     out = ESTIMATORS[name](batch, settings or EstimatorSettings())
-    if np.shape(out["advantages"]) != np.shape(batch.rewards):
-        raise ValueError(f"estimator {name!r} returned {np.shape(out['advantages'])} advantages for {len(batch.rewards)} turns")
+    if "token_advantages" in out:
+        expected, got, unit = np.shape(batch.token_turn), np.shape(out["token_advantages"]), "model tokens"
+    else:
+        expected, got, unit = np.shape(batch.rewards), np.shape(out["advantages"]), "turns"
+    if got != expected:
+        raise ValueError(f"estimator {name!r} returned {got} advantages for {expected[0] if expected else 0} {unit}")
     return out
 
 
@@ -158,3 +192,33 @@ def step_reinforce(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1
     if settings.norm == "mean_std" and len(returns) > 1:
         centred = centred / (returns.std(ddof=1) + eps)
     return {"advantages": centred}
+
+
+@register("reinforce++", needs=("logps", "ref_logps"))
+def reinforce_plus_plus(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dict[str, np.ndarray]:
+    """REINFORCE++ (Hu, 2025; OpenRLHF's ``reinforce``): a token-level reward of ``-kl_coef`` x the
+    KL estimate ``log pi - log pi_ref`` on every model token, plus each turn's environment reward
+    on that turn's last model token; each token's advantage is the undiscounted sum of the rewards
+    from it to the end of its episode (OpenRLHF's default ``gamma`` 1), whitened over every model
+    token of the batch (no group baseline, so env groups may have any size).
+
+    Returns:
+        ``token_advantages`` (one per model token) and ``kl`` (the per-token estimate).
+    """
+    token_turn = batch.token_turn
+    kl = np.asarray(batch.logps, dtype=np.float64) - np.asarray(batch.ref_logps, dtype=np.float64)
+    rewards = -settings.kl_coef * kl
+    if len(token_turn):
+        last = np.flatnonzero(np.r_[token_turn[1:] != token_turn[:-1], True])  # each turn's last token
+        rewards[last] += batch.rewards[token_turn[last]]
+    # Rewards-to-go within each episode: a reversed cumulative sum, less what lies past the episode.
+    episode = batch.traj_index[token_turn]
+    to_go = np.cumsum(rewards[::-1])[::-1]
+    ends = np.flatnonzero(np.r_[episode[1:] != episode[:-1], True])  # each episode's last token
+    after_episode = np.r_[to_go[1:], 0.0][ends]  # what follows each episode's last token
+    episode_of = np.cumsum(np.r_[0, episode[1:] != episode[:-1]]) if len(episode) else episode
+    returns = to_go - after_episode[episode_of]
+    advantages = returns - returns.mean() if len(returns) else returns
+    if len(returns) > 1:
+        advantages = advantages / (returns.std() + eps)
+    return {"token_advantages": advantages, "kl": kl}

@@ -50,17 +50,73 @@ def turn_advantages(
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """Each turn's advantage under the registered ``estimator`` (:mod:`envhub_trl.estimators`), and
-    which episodes the group filter keeps.
+    """Each turn's (or model token's) advantage under the registered ``estimator``
+    (:mod:`envhub_trl.estimators`), and which episodes the group filter keeps.
 
     Returns:
-        The estimator's output with ``advantages`` set to 0 on the turns of dropped groups, and
-        ``keep`` (per episode).
+        The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
+        of dropped groups, and ``keep`` (per episode).
     """
     keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
     out = dict(estimate(estimator, batch, settings))
-    out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
+    if "token_advantages" in out:
+        out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)
+    else:
+        out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
     out["keep"] = keep
+    return out
+
+
+def turn_token_values(samples: Sequence[Sample], values: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Each turn's model-token entries of a per-row array (a score-stage quantity such as
+    log-probs, ``values[row, j]`` for completion token ``j``), keyed by ``(trajectory_index,
+    turn)`` in the order sampled; padding rows (``trajectory_index`` -1) are skipped."""
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for row, sample in enumerate(samples):
+        if sample.trajectory_index < 0:
+            continue
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        turns = np.asarray(sample.turn_ids, dtype=np.int64)
+        for turn in np.unique(turns[mask]):
+            out[(sample.trajectory_index, int(turn))] = np.asarray(values[row, : len(mask)])[mask & (turns == turn)]
+    return out
+
+
+def token_order(turn_counts: Sequence[int], lengths: dict[tuple[int, int], int]) -> tuple[np.ndarray, dict[tuple[int, int], int]]:
+    """The batch's model tokens in :class:`TurnBatch` order (episode by episode, turn by turn).
+
+    Args:
+        turn_counts: each episode's number of turns, in batch order.
+        lengths: the number of model tokens of each ``(episode, turn)`` (missing: none).
+
+    Returns:
+        ``token_turn`` (the batch-wide turn index of each token) and where each ``(episode, turn)``'s
+        tokens start in it.
+    """
+    token_turn, starts, turn, position = [], {}, 0, 0
+    for episode, count in enumerate(turn_counts):
+        for k in range(count):
+            n = lengths.get((episode, k), 0)
+            starts[(episode, k)] = position
+            token_turn.extend([turn] * n)
+            position += n
+            turn += 1
+    return np.asarray(token_turn, dtype=np.int64), starts
+
+
+def spread_token_values(samples: Sequence[Sample], flat: np.ndarray, starts: dict[tuple[int, int], int], width: int) -> np.ndarray:
+    """Per-token values in :func:`token_order` back onto the rows: the inverse of
+    :func:`turn_token_values`; environment tokens and padding get 0. Shape ``(len(samples), width)``."""
+    out = np.zeros((len(samples), width))
+    for row, sample in enumerate(samples):
+        if sample.trajectory_index < 0:
+            continue
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        turns = np.asarray(sample.turn_ids, dtype=np.int64)
+        for turn in np.unique(turns[mask]):
+            where = np.flatnonzero(mask & (turns == turn))
+            start = starts[(sample.trajectory_index, int(turn))]
+            out[row, where] = flat[start : start + len(where)]
     return out
 
 

@@ -7,20 +7,25 @@ How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_sco
 2. One environment per row is reset with the row's seed (members of a group share it, hence their
    initial state) and every episode is played with the generator, through
    :class:`~envhub.manager.EnvGroupManager`.
-3. The episodes of every process are gathered (a group may straddle processes) and each turn's
-   advantage is computed over the whole batch; group filtering marks dropped groups.
+3. Gather: the episodes of every process are gathered (a group may straddle processes); the
+   group filter, which reads returns alone, marks dropped groups.
 4. The episodes become TRL rows, handed to TRL through its ``rollout_func`` hook: in the
    ``trajectory`` layout one row per episode, whose environment tokens carry ``env_mask`` 0 (TRL's
    ``tool_mask``: out of the loss); in the ``step`` layout one row per turn (its windowed prompt
    and its reply), padded with masked rows to a size TRL can split evenly. Rows of dropped groups
    are masked too.
-5. TRL scores and batches the rows as usual (old and reference logprobs, metrics, the completions
-   log); its own sequence-level advantages are then replaced by the per-token ones: each turn's
-   tokens get that turn's advantage.
+5. Score: TRL scores the rows as usual (old and reference log-probs, metrics, the completions
+   log); an estimator that needs per-token quantities (``reinforce++``: the policy's and the
+   reference model's log-probs) gets them here, gathered into the batch's token order.
+6. Estimate: the registered estimator (:mod:`envhub_trl.estimators`) turns the batch into
+   per-turn (or per-token) advantages, which replace TRL's sequence-level ones: each turn's
+   tokens get that turn's advantage, environment tokens none.
+7. Loss: TRL's clipped policy-gradient loss over those per-token advantages.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import warnings
@@ -40,11 +45,20 @@ from envhub.manager import EnvGroupManager
 from envhub.registration import spec
 from envhub.rollout import Sample, Trajectory, batch_columns, rollout
 from envhub_trl.config import EnvGRPOConfig
-from envhub_trl.estimators import TurnBatch
+from envhub_trl.advantages import select_groups
+from envhub_trl.estimators import NEEDS, TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
 from envhub_trl.metrics import rollout_metrics
-from envhub_trl.rollout_batch import check_has_turns, episode_return, token_advantages, turn_advantages
+from envhub_trl.rollout_batch import (
+    check_has_turns,
+    episode_return,
+    spread_token_values,
+    token_advantages,
+    turn_advantages,
+    turn_token_values,
+    token_order,
+)
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
@@ -108,6 +122,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._synced_step = -1
         self._batch_seeds: list[int] = []
         self._columns: dict[str, list[Any]] | None = None
+        self._reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see _reference_logps)
 
     # ------------------------------------------------------------------ generation
 
@@ -198,27 +213,22 @@ class EnvGRPOTrainer(GRPOTrainer):
         for trajectory in trajectories:
             check_has_turns(trajectory)
 
-        # Advantages over every process's episodes (a group may straddle processes).
+        # Gather: every process's episodes (a group may straddle processes).
         offset = self.accelerator.process_index * len(trajectories)
         local = [
             dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(trajectories)
         ]
         everyone: list[Trajectory] = gather_object(local)
-        result = turn_advantages(
-            TurnBatch.from_trajectories(everyone),
-            self.args.advantage_estimator,
-            self.args.estimator_settings(),
-            drop_tied=self.args.filter_tied_groups,
-            keep_fraction=self.args.keep_group_fraction,
-        )
-        bounds = np.cumsum([0] + [t.num_turns for t in everyone])
-        per_turn = [result["advantages"][bounds[offset + i] : bounds[offset + i + 1]] for i in range(len(local))]
-        keep = result["keep"][offset : offset + len(local)]
+        batch = TurnBatch.from_trajectories(everyone)
+        # The group filter reads returns alone, so dropped groups are masked before TRL scores.
+        keep = select_groups(
+            batch.returns, batch.traj_groups, drop_tied=self.args.filter_tied_groups, keep_fraction=self.args.keep_group_fraction
+        )[offset : offset + len(local)]
 
         if self.args.sample_layout == "trajectory":
-            rows, samples, row_turns = list(inputs), [t.sample() for t in local], per_turn
+            rows, samples = list(inputs), [t.sample() for t in local]
         else:
-            rows, samples, row_turns = self._step_rows(inputs, local, per_turn, mode)
+            rows, samples = self._step_rows(inputs, local, mode)
         columns = batch_columns(samples)
         row_keep = [bool(keep[s.trajectory_index - offset]) if s.trajectory_index >= 0 else False for s in samples]
         columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], row_keep)]
@@ -226,19 +236,84 @@ class EnvGRPOTrainer(GRPOTrainer):
             everyone[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples
         ]
         self._columns = columns
+        # Score: TRL's old and reference log-probs; then what the estimator needs besides.
         output = super()._generate_and_score_completions(rows)
-
         width = output["completion_ids"].shape[1]
-        advantages = token_advantages(samples, row_turns, width)
+        needs = NEEDS[self.args.advantage_estimator]
+        if needs:
+            batch, starts = self._with_token_scores(batch, everyone, samples, output, needs)
+
+        # Estimate, then spread over the tokens the loss reads.
+        result = turn_advantages(
+            batch,
+            self.args.advantage_estimator,
+            self.args.estimator_settings(),
+            drop_tied=self.args.filter_tied_groups,
+            keep_fraction=self.args.keep_group_fraction,
+        )
+        if "token_advantages" in result:
+            advantages = spread_token_values(samples, result["token_advantages"], starts, width)
+            self._metrics[mode]["env/kl"].append(float(np.mean(result["kl"])) if len(result["kl"]) else 0.0)
+        else:
+            per_episode = np.split(result["advantages"], np.cumsum([t.num_turns for t in everyone])[:-1])
+            row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in samples]
+            advantages = token_advantages(samples, row_turns, width)
         output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
         self._log_token_advantages(samples, advantages)
         for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size")).items():
             self._metrics[mode][name].append(value)
         return output
 
+    def _with_token_scores(
+        self, batch: TurnBatch, everyone: list[Trajectory], samples: list[Sample], output: dict[str, Any], needs: tuple[str, ...]
+    ) -> tuple[TurnBatch, dict[tuple[int, int], int]]:
+        """The score stage's per-token quantities for an estimator that needs them (``needs``:
+        ``logps``, ``ref_logps``): read off TRL's scoring where it computed them, else computed here
+        without gradients; gathered over processes into ``batch``'s token order. Returns the batch
+        with them, and where each (episode, turn)'s tokens start (:func:`token_order`)."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        width = output["completion_ids"].shape[1]
+        batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+        scores = {}
+        with torch.no_grad():
+            if "logps" in needs:
+                logps = output.get("old_per_token_logps")
+                if logps is None:
+                    logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
+                scores["logps"] = logps
+            if "ref_logps" in needs:
+                ref = output.get("ref_per_token_logps")
+                scores["ref_logps"] = ref if ref is not None else self._reference_logps(input_ids, attention, width, batch_size)
+        per_turn = {name: turn_token_values(samples, value.float().cpu().numpy()) for name, value in scores.items()}
+        local = [(key, {name: per_turn[name][key] for name in per_turn}) for key in next(iter(per_turn.values()))]
+        gathered = dict(gather_object(local))
+        token_turn, starts = token_order([t.num_turns for t in everyone], {key: len(next(iter(v.values()))) for key, v in gathered.items()})
+        flat = {
+            name: np.concatenate([gathered[key][name] for key in sorted(gathered, key=starts.__getitem__)] or [np.zeros(0)])
+            for name in scores
+        }
+        return batch.with_tokens(token_turn, **flat), starts
+
+    def _reference_logps(self, input_ids: torch.Tensor, attention: torch.Tensor, width: int, batch_size: int) -> torch.Tensor:
+        """Per-token log-probs of the reference model: TRL's own where it made one (``beta`` > 0),
+        the base model under a PEFT adapter, else a frozen copy of the policy taken when RL first
+        needs it (after any warm start; on a resumed run, the checkpoint's weights)."""
+        model = self.accelerator.unwrap_model(self.model)
+        if self.ref_model is not None:
+            reference = self.ref_model
+        elif hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
+            with model.disable_adapter():
+                return self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)[0]
+        else:
+            if self._reference is None:
+                self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+            reference = self._reference
+        return self._get_per_token_logps_and_entropies(reference, input_ids, attention, width, batch_size=batch_size)[0]
+
     def _step_rows(
-        self, inputs: list[dict[str, Any]], trajectories: list[Trajectory], per_turn: list[np.ndarray], mode: str
-    ) -> tuple[list[dict[str, Any]], list[Sample], list[np.ndarray]]:
+        self, inputs: list[dict[str, Any]], trajectories: list[Trajectory], mode: str
+    ) -> tuple[list[dict[str, Any]], list[Sample]]:
         """The step layout's rows: one per turn of ``trajectories`` (global indices), padded with
         masked rows (``trajectory_index`` -1).
 
@@ -246,11 +321,10 @@ class EnvGRPOTrainer(GRPOTrainer):
         of ``num_generations`` (TRL groups rewards) and, in training, of ``steps_per_generation``
         (TRL splits the batch into that many equal micro-batches).
         """
-        rows, samples, row_turns = [], [], []
-        for i, (trajectory, values) in enumerate(zip(trajectories, per_turn)):
+        rows, samples = [], []
+        for i, trajectory in enumerate(trajectories):
             for sample in trajectory.step_samples():
                 samples.append(sample)
-                row_turns.append(values)
                 rows.append({**inputs[i], "prompt": self.processing_class.decode(sample.prompt_ids)})
         group = self.num_generations if mode == "train" else self.num_generations_eval
         multiple = math.lcm(group, self.args.steps_per_generation if mode == "train" else 1)
@@ -259,9 +333,8 @@ class EnvGRPOTrainer(GRPOTrainer):
         filler = samples[0]
         for _ in range(target - len(samples)):
             samples.append(dataclasses.replace(filler, env_mask=[0] * len(filler.env_mask), trajectory_index=-1))
-            row_turns.append(np.zeros(1))
             rows.append(dict(rows[0]))  # TRL writes the rollout's extra columns into each row
-        return rows, samples, row_turns
+        return rows, samples
 
     def _log_token_advantages(self, samples: list[Sample], advantages: np.ndarray) -> None:
         """Put the advantages the loss uses in TRL's completions log (mean over each row's model tokens)."""
