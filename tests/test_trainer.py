@@ -363,6 +363,44 @@ def test_reinforce_plus_plus_trains_on_kl_shaped_token_returns_against_a_frozen_
     assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] != 0.0
 
 
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_segment_ratio_is_each_turns_geometric_mean_of_its_token_ratios(tiny, tmp_path, layout):
+    """ratio_type='segment' on a real forward pass: with old log-probs that differ from the
+    policy's, the ratio the loss sees on each model token, exp(lp' - old), is the geometric mean of
+    the token ratios exp(lp - old) of its turn; training runs 2 steps."""
+    config = _config(tmp_path, ratio_type="segment", sample_layout=layout, max_turns=4)
+    trainer, _, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    inputs = dict(batches[-1]["output"])
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width)[0]
+        inputs["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=torch.Generator().manual_seed(0))
+        trainer._loss_inputs = inputs
+        try:
+            segment = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width)[0]
+        finally:
+            trainer._loss_inputs = None
+    mask = (inputs["tool_mask"] * inputs["completion_mask"]).bool()
+    token_ratio = torch.exp(logps - inputs["old_per_token_logps"])
+    ratio = torch.exp(segment - inputs["old_per_token_logps"])
+    checked = 0
+    for row in range(mask.shape[0]):
+        for turn in inputs["turn_ids"][row][mask[row]].unique():
+            where = mask[row] & (inputs["turn_ids"][row] == turn)
+            geometric = torch.exp(torch.log(token_ratio[row][where]).mean())
+            torch.testing.assert_close(ratio[row][where], geometric.expand(int(where.sum())), rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked >= 2
+    assert not torch.allclose(ratio[mask], token_ratio[mask])
+    with pytest.raises(ValueError, match="ratio_type"):
+        _config(tmp_path, ratio_type="turn")
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        _config(tmp_path, ratio_type="segment", importance_sampling_level="sequence")
+
+
 def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
     config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
     trainer, before, batches = spied_run(tiny, config)

@@ -39,6 +39,7 @@ NORMS = ("mean", "mean_std")
 GENERATORS = ("hf", "vllm", "vllm-server")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
+RATIO_TYPES = ("token", "segment")
 
 
 @dataclass
@@ -114,6 +115,13 @@ class EnvGRPOConfig(GRPOConfig):
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
     step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
     step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
+    ratio_type: str = field(
+        default="token",
+        metadata={
+            "help": "`token`: TRL's per-token importance ratio (or `importance_sampling_level`'s). `segment` (ROLL's): one "
+            "ratio per turn, the geometric mean of its token ratios, clipped per turn (GSPO's sequence ratio, turn by turn)."
+        },
+    )
     kl_coef: float = field(
         default=0.01,
         metadata={"help": "REINFORCE++: the weight of the per-token KL penalty to the reference model folded into the reward (OpenRLHF's init_kl_coef)."},
@@ -197,6 +205,12 @@ class EnvGRPOConfig(GRPOConfig):
                     raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
                 setattr(self, name, value)
             setattr(self, alias, getattr(self, name))
+        if self.ratio_type not in RATIO_TYPES:
+            raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {self.ratio_type!r}")
+        if self.ratio_type == "segment" and (self.importance_sampling_level != "token" or self.use_liger_kernel):
+            raise ValueError(
+                "ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off"
+            )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
         if self.env_executor not in ("inprocess", "process", "ray"):

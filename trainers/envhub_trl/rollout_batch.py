@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from envhub.error import EnvhubError
 from envhub.trajectory import Sample, Trajectory
@@ -136,3 +137,20 @@ def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray
         turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
         out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
     return out
+
+
+def segment_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each position's mean of ``values`` over the masked positions of its segment, row by row
+    (differentiable; 0 where ``mask`` is 0).
+
+    Args:
+        values: ``(B, T)``.
+        segments: ``(B, T)`` non-negative integer segment ids (a turn's id for each token).
+        mask: ``(B, T)``, 1 on the positions that count.
+    """
+    segments = segments.long()
+    mask = mask.to(values.dtype)
+    width = int(segments.max()) + 1 if segments.numel() else 1
+    sums = torch.zeros(values.shape[0], width, dtype=values.dtype, device=values.device).scatter_add(1, segments, values * mask)
+    counts = torch.zeros_like(sums).scatter_add(1, segments, mask)
+    return (sums / counts.clamp(min=1.0)).gather(1, segments) * mask

@@ -20,7 +20,8 @@ How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_sco
 6. Estimate: the registered estimator (:mod:`envhub_trl.estimators`) turns the batch into
    per-turn (or per-token) advantages, which replace TRL's sequence-level ones: each turn's
    tokens get that turn's advantage, environment tokens none.
-7. Loss: TRL's clipped policy-gradient loss over those per-token advantages.
+7. Loss: TRL's clipped policy-gradient loss over those per-token advantages, with a per-token
+   importance ratio or, with ``ratio_type="segment"``, one per turn.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from envhub_trl.rollout_batch import (
     spread_token_values,
     token_advantages,
     turn_advantages,
+    segment_mean,
     turn_token_values,
     token_order,
 )
@@ -123,6 +125,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._batch_seeds: list[int] = []
         self._columns: dict[str, list[Any]] | None = None
         self._reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see _reference_logps)
+        self._loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, for ratio_type="segment"
 
     # ------------------------------------------------------------------ generation
 
@@ -259,6 +262,11 @@ class EnvGRPOTrainer(GRPOTrainer):
             row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in samples]
             advantages = token_advantages(samples, row_turns, width)
         output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
+        if self.args.ratio_type == "segment":
+            turn_ids = np.zeros((len(samples), width), dtype=np.int64)
+            for row, sample in enumerate(samples):
+                turn_ids[row, : len(sample.turn_ids)] = sample.turn_ids
+            output["turn_ids"] = torch.tensor(turn_ids, device=self.accelerator.device)
         self._log_token_advantages(samples, advantages)
         for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size")).items():
             self._metrics[mode][name].append(value)
@@ -347,6 +355,32 @@ class EnvGRPOTrainer(GRPOTrainer):
         for back, value in enumerate(reversed(means), start=1):
             if back <= len(logged):
                 logged[-back] = value
+
+    # ------------------------------------------------------------------ loss
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn (see
+        :meth:`_get_per_token_logps_and_entropies`)."""
+        self._loss_inputs = inputs if self.args.ratio_type == "segment" else None
+        try:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        finally:
+            self._loss_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
+        """TRL's per-token log-probs; inside the loss with ``ratio_type="segment"``, each model token's
+        log-prob ``lp`` becomes ``old + mean over its turn of (lp - old)``, so that TRL's token ratio
+        ``exp(lp' - old)`` is the turn's ratio: the geometric mean of its token ratios, clipped per
+        turn by TRL's clipping, its gradient shared by the turn's tokens (GSPO's sequence ratio, per
+        turn). Environment tokens are left alone (they are out of the loss)."""
+        logps, *rest = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        inputs = self._loss_inputs
+        if inputs is not None and "turn_ids" in inputs:
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+            mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+            logps = torch.where(mask.bool(), old + segment_mean(logps - old, inputs["turn_ids"], mask), logps)
+        return (logps, *rest)
 
     # ------------------------------------------------------------------ checkpoints
 
