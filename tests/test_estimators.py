@@ -90,7 +90,7 @@ def test_config_takes_rolls_names_and_the_old_ones_as_aliases():
     with pytest.raises(ValueError, match="alias of step_reward_gamma"):
         EnvGRPOConfig(output_dir="x", use_cpu=True, step_gamma=0.8, step_reward_gamma=0.7)
     with pytest.raises(ValueError, match="advantage_estimator must be one of"):
-        EnvGRPOConfig(output_dir="x", use_cpu=True, advantage_estimator="ppo")
+        EnvGRPOConfig(output_dir="x", use_cpu=True, advantage_estimator="a2c")
 
 
 def test_reinforce_plus_plus_folds_a_token_kl_penalty_into_returns_whitened_over_the_batch():
@@ -112,4 +112,35 @@ def test_an_estimator_that_needs_log_probs_refuses_a_batch_without_them():
     with pytest.raises(ValueError, match="needs the batch's logps, ref_logps"):
         estimate("reinforce++", THREE_AND_ONE)
     with pytest.raises(ValueError, match="unknown batch fields"):
-        register("needs_values", needs=("values",))
+        register("needs_q", needs=("q_values",))
+
+
+def test_gae_matches_a_loop_by_loop_reference():
+    rng = np.random.default_rng(0)
+    lengths = [3, 1, 4]
+    traj_index = np.repeat(np.arange(3), lengths)
+    step_index = np.concatenate([np.arange(n) for n in lengths])
+    rewards, values = rng.normal(size=8), rng.normal(size=8)
+    from envhub_trl.estimators import gae
+
+    got = gae(rewards, values, traj_index, step_index, gamma=0.9, lam=0.8)
+    want, start = [], 0
+    for n in lengths:
+        r, v = rewards[start : start + n], values[start : start + n]
+        advantage, out = 0.0, [0.0] * n
+        for k in reversed(range(n)):
+            next_value = v[k + 1] if k + 1 < n else 0.0
+            advantage = r[k] + 0.9 * next_value - v[k] + 0.9 * 0.8 * advantage
+            out[k] = advantage
+        want += out
+        start += n
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_ppo_whitens_gae_advantages_and_targets_the_critic_at_advantage_plus_value():
+    turns = batch([0.0, 1.0, 0.5], [0, 0, 1], [0, 1, 0], [0, 1])
+    out = estimate("ppo", turns.with_tokens([], values=np.array([0.2, 0.6, 0.1])), EstimatorSettings(gamma=1.0, lam=1.0))
+    # lam = gamma = 1: A = return-to-go - V = (1 - 0.2, 1 - 0.6, 0.5 - 0.1).
+    raw = np.array([0.8, 0.4, 0.4])
+    np.testing.assert_allclose(out["returns"], [1.0, 1.0, 0.5])
+    np.testing.assert_allclose(out["advantages"], (raw - raw.mean()) / (raw.std() + 1e-8))

@@ -89,7 +89,7 @@ def test_config_names_the_fix_for_a_batch_that_does_not_divide(tmp_path):
     with pytest.raises(ValueError, match="per_device_train_batch_size"):
         _config(tmp_path, groups_per_step=3, group_size=2, per_device_train_batch_size=4)
     with pytest.raises(ValueError, match="advantage_estimator"):
-        _config(tmp_path, advantage_estimator="ppo")
+        _config(tmp_path, advantage_estimator="a2c")
     with pytest.raises(ValueError, match="eval_seed_offset"):
         _config(tmp_path, eval_seed_offset=10, num_train_seeds=100)
     with pytest.raises(ValueError, match="keep_group_fraction"):
@@ -401,6 +401,81 @@ def test_segment_ratio_is_each_turns_geometric_mean_of_its_token_ratios(tiny, tm
         _config(tmp_path, ratio_type="segment", importance_sampling_level="sequence")
 
 
+@pytest.fixture(scope="module")
+def ppo_runs(tiny, tmp_path_factory):
+    """2-step PPO runs in both layouts (a checkpoint after each step)."""
+    runs = {}
+    for layout in ("trajectory", "step"):
+        folder = tmp_path_factory.mktemp(f"ppo-{layout}")
+        config = _config(folder, advantage_estimator="ppo", sample_layout=layout, max_turns=5, format_penalty=-0.1, save_strategy="steps", save_steps=1)
+        runs[layout] = spied_run(tiny, config)
+    return runs
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_ppo_trains_a_value_head_and_gives_each_turn_its_whitened_gae(ppo_runs, layout):
+    from envhub_trl.advantages import discounted_returns
+
+    trainer, before, batches = ppo_runs[layout]
+    assert trainer.state.global_step == 2
+    assert trainer.value_head.linear.weight.abs().sum() > 0  # it starts at 0 and learned
+    # First batch: every value is 0, so GAE is the (gamma lam)-discounted reward-to-go.
+    output, trajectories = batches[0]["output"], batches[0]["trajectories"]
+    assert not output["old_values"].any()
+    turns = TurnBatch.from_trajectories(trajectories)
+    raw = discounted_returns(turns.rewards, turns.traj_index, turns.step_index, 1.0 * 0.95)
+    expected = (raw - raw.mean()) / (raw.std() + 1e-8)
+    np.testing.assert_allclose(output["value_returns"][output["value_mask"].bool()].numpy(), raw, rtol=1e-5, atol=1e-6)
+    mask = (output["tool_mask"] * output["completion_mask"]).bool()
+    flat = np.concatenate([output["advantages"][row][mask[row]].numpy() for row in range(mask.shape[0])])
+    per_token = []
+    for t, first in zip(trajectories, np.cumsum([0] + [t.num_turns for t in trajectories])):
+        samples = [t.sample()] if layout == "trajectory" else t.step_samples()
+        for sample in samples:
+            per_token += [expected[first + k] for k in np.asarray(sample.turn_ids)[np.asarray(sample.env_mask, dtype=bool)]]
+    np.testing.assert_allclose(flat, per_token, rtol=1e-4, atol=1e-5)
+    # Second batch: the values come from the trained head.
+    assert batches[1]["output"]["old_values"][batches[1]["output"]["value_mask"].bool()].abs().sum() > 0
+    assert any("critic/value_loss" in entry for entry in trainer.state.log_history)
+
+
+def test_ppo_value_loss_falls_on_a_fixed_batch(ppo_runs):
+    """Gradient steps on the critic alone, through the trainer's own loss, lower the value loss."""
+    trainer, _, batches = ppo_runs["trajectory"]
+    inputs = batches[-1]["output"]
+    trainer.model.train()
+    optimizer = torch.optim.SGD(trainer.value_head.parameters(), lr=0.03)  # the critic alone; the run's schedule ended at lr 0
+    clip, trainer.args.cliprange_value = trainer.args.cliprange_value, 100.0  # unclipped: old values are fixed here
+    losses = []
+    for _ in range(20):
+        trainer.compute_loss(trainer.model, inputs).backward()
+        losses.append(trainer._metrics["train"]["critic/value_loss"][-1])
+        optimizer.step()
+        optimizer.zero_grad()
+    trainer.args.cliprange_value = clip
+    # The trunk is fixed here, so the head's loss is a least-squares fit: it falls at every step,
+    # down to what a linear head on these features can reach.
+    assert all(later <= earlier + 1e-9 for earlier, later in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_ppo_critic_is_saved_with_each_checkpoint_and_resumed(ppo_runs, tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    from envhub_trl.critic import VALUE_HEAD_FILE
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    trainer, _, _ = ppo_runs["trajectory"]
+    checkpoint = os.path.join(trainer.args.output_dir, "checkpoint-1")
+    saved = load_file(os.path.join(checkpoint, VALUE_HEAD_FILE))
+    assert saved["linear.weight"].abs().sum() > 0
+    path, tokenizer = tiny
+    config = _config(tmp_path, advantage_estimator="ppo", max_turns=5, max_steps=1)
+    resumed = EnvGRPOTrainer(str(path), config, processing_class=tokenizer)
+    resumed._load_from_checkpoint(checkpoint)
+    torch.testing.assert_close(resumed.value_head.linear.weight.detach().cpu(), saved["linear.weight"])
+
+
 def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
     config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
     trainer, before, batches = spied_run(tiny, config)
@@ -465,6 +540,38 @@ def test_two_processes_normalise_a_group_that_straddles_them(tiny, tmp_path, lay
         assert not any(row for rank, n in zip(ranks, local) for row in rank["advantages"][n:])
     for row_got, row_want in zip(got, want):
         np.testing.assert_allclose(row_got, row_want, rtol=1e-5, atol=1e-6)
+
+
+def test_two_processes_train_ppo_with_one_critic_and_batch_wide_gae(tiny, tmp_path):
+    """PPO under torchrun with two CPU processes: the advantages are GAE whitened over the whole
+    batch (both processes' turns), and the value heads of the two processes stay identical (their
+    gradients are averaged, as DDP does for the model)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from envhub_trl.advantages import discounted_returns
+
+    path, _ = tiny
+    script = Path(__file__).parent / "scripts" / "two_process_step.py"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(path), str(tmp_path), "trajectory", "ppo"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["value_head"] == ranks[1]["value_head"]
+    assert any(abs(x) > 0 for p in ranks[0]["value_head"] for x in p)
+    episodes = ranks[0]["episodes"] + ranks[1]["episodes"]
+    rewards = np.concatenate([e["rewards"] for e in episodes])
+    traj_index = np.concatenate([[i] * len(e["rewards"]) for i, e in enumerate(episodes)])
+    step_index = np.concatenate([np.arange(len(e["rewards"])) for e in episodes])
+    raw = discounted_returns(rewards, traj_index, step_index, 0.95)  # the first batch's values are all 0
+    expected = (raw - raw.mean()) / (raw.std() + 1e-8)
+    first = np.cumsum([0] + [len(e["rewards"]) for e in episodes])
+    want = [[expected[first[i] + k] for k, n in enumerate(e["lengths"]) for _ in range(n)] for i, e in enumerate(episodes)]
+    got = ranks[0]["advantages"] + ranks[1]["advantages"]
+    for row_got, row_want in zip(got, want, strict=True):
+        np.testing.assert_allclose(row_got, row_want, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------- vLLM

@@ -109,7 +109,7 @@ class EnvGRPOConfig(GRPOConfig):
         default="gigpo",
         metadata={
             "help": "A registered estimator: `grpo` (episode level), `gigpo` (episode + step level), `rloo`, `step_reinforce`, "
-            "`reinforce++` (token-level KL-shaped returns, whitened over the batch)."
+            "`reinforce++` (token-level KL-shaped returns, whitened over the batch), `ppo` (per-turn GAE from a value head)."
         },
     )
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
@@ -126,6 +126,10 @@ class EnvGRPOConfig(GRPOConfig):
         default=0.01,
         metadata={"help": "REINFORCE++: the weight of the per-token KL penalty to the reference model folded into the reward (OpenRLHF's init_kl_coef)."},
     )
+    gamma: float = field(default=1.0, metadata={"help": "PPO: the discount per turn in GAE (γ)."})
+    lam: float = field(default=0.95, metadata={"help": "PPO: GAE's λ."})
+    vf_coef: float = field(default=0.1, metadata={"help": "PPO: the weight of the value loss beside the policy loss (TRL's PPO name)."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "PPO: how far a value may move from its old value before the value loss clips it."})
     step_advantage_weight: float | None = field(default=None, metadata={"help": "Alias of step_reward_weight."})
     step_gamma: float | None = field(default=None, metadata={"help": "Alias of step_reward_gamma."})
     advantage_norm: str = field(
@@ -166,6 +170,8 @@ class EnvGRPOConfig(GRPOConfig):
             step_reward_gamma=self.step_reward_gamma,
             norm=self.advantage_norm,
             kl_coef=self.kl_coef,
+            gamma=self.gamma,
+            lam=self.lam,
         )
 
     def manager_kwargs(self) -> dict[str, Any]:
@@ -210,6 +216,11 @@ class EnvGRPOConfig(GRPOConfig):
         if self.ratio_type == "segment" and (self.importance_sampling_level != "token" or self.use_liger_kernel):
             raise ValueError(
                 "ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off"
+            )
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0) or self.cliprange_value <= 0.0 or self.vf_coef < 0.0:
+            raise ValueError(
+                f"PPO needs gamma and lam in [0, 1], cliprange_value > 0 and vf_coef >= 0; got gamma={self.gamma}, lam={self.lam}, "
+                f"cliprange_value={self.cliprange_value}, vf_coef={self.vf_coef}"
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")

@@ -19,7 +19,7 @@ score stage, with the batch's per-token fields filled, and it may return ``"toke
 
 Estimators here: ``grpo`` and ``gigpo`` (exact, checked against an independent reference in the
 tests), ``rloo`` and ``step_reinforce`` work from rewards alone; ``reinforce++`` needs the
-policy's and the reference model's log-probs. PPO's critic values are not here yet.
+policy's and the reference model's log-probs, ``ppo`` the critic's values.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class TurnBatch:
             span is where ``token_turn`` equals the turn). None before the score stage.
         logps: ``(n_tokens,)``, the policy's log-probability of each model token (score stage).
         ref_logps: ``(n_tokens,)``, the reference model's (score stage).
+        values: ``(n_turns,)``, the critic's value of the state each reply was made in, read at
+            the turn's last prompt token (score stage).
     """
 
     rewards: np.ndarray
@@ -61,6 +63,7 @@ class TurnBatch:
     token_turn: np.ndarray | None = None
     logps: np.ndarray | None = None
     ref_logps: np.ndarray | None = None
+    values: np.ndarray | None = None
 
     @classmethod
     def from_trajectories(cls, trajectories: Sequence[Trajectory]) -> TurnBatch:
@@ -76,7 +79,8 @@ class TurnBatch:
         )
 
     def with_tokens(self, token_turn: np.ndarray, **fields: np.ndarray | None) -> TurnBatch:
-        """This batch with its per-token fields (``token_turn`` and any of ``logps``, ``ref_logps``)."""
+        """This batch with its score-stage fields (``token_turn`` and any of ``logps``, ``ref_logps``,
+        ``values``)."""
         return dataclasses.replace(self, token_turn=np.asarray(token_turn, dtype=np.int64), **fields)
 
     @property
@@ -99,6 +103,8 @@ class EstimatorSettings:
         step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
         norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
         kl_coef: REINFORCE++'s β, the weight of the per-token KL penalty folded into the reward.
+        gamma: PPO's discount per turn (GAE's γ).
+        lam: PPO's GAE λ.
     """
 
     episode_reward_weight: float = 1.0
@@ -106,6 +112,8 @@ class EstimatorSettings:
     step_reward_gamma: float = 0.95
     norm: Norm = "mean_std"
     kl_coef: float = 0.01
+    gamma: float = 1.0
+    lam: float = 0.95
 
 
 Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
@@ -113,7 +121,7 @@ Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
 ESTIMATORS: dict[str, Estimator] = {}
 #: The per-token fields of :class:`TurnBatch` each estimator needs (filled by the score stage).
 NEEDS: dict[str, tuple[str, ...]] = {}
-TOKEN_FIELDS = ("logps", "ref_logps")
+TOKEN_FIELDS = ("logps", "ref_logps", "values")
 
 
 def register(name: str, needs: Sequence[str] = ()) -> Callable[[Estimator], Estimator]:
@@ -222,3 +230,32 @@ def reinforce_plus_plus(batch: TurnBatch, settings: EstimatorSettings, eps: floa
     if len(returns) > 1:
         advantages = advantages / (returns.std() + eps)
     return {"token_advantages": advantages, "kl": kl}
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, traj_index: np.ndarray, step_index: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """Generalised advantage estimation per turn: ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V`` 0
+    after an episode's last turn, which ends it) and ``A_k = sum_l (gamma lam)^l delta_{k+l}``
+    within each episode. Turns of an episode must come in order."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    values = np.asarray(values, dtype=np.float64)
+    same_episode_next = np.r_[traj_index[1:] == traj_index[:-1], False]
+    next_values = np.where(same_episode_next, np.r_[values[1:], 0.0], 0.0)
+    deltas = rewards + gamma * next_values - values
+    return discounted_returns(deltas, traj_index, step_index, gamma * lam)
+
+
+@register("ppo", needs=("values",))
+def ppo(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dict[str, np.ndarray]:
+    """PPO with a critic: per-turn GAE (``gamma``, ``lam``), each turn one step of the MDP and its
+    value read at the turn's last prompt token (as Agent-R1 and verl-agent do); advantages
+    whitened over the batch's turns, the critic's targets ``returns = A + V`` (unwhitened).
+
+    Returns:
+        ``advantages`` and ``returns`` (per turn).
+    """
+    advantages = gae(batch.rewards, batch.values, batch.traj_index, batch.step_index, settings.gamma, settings.lam)
+    returns = advantages + np.asarray(batch.values, dtype=np.float64)
+    whitened = advantages - advantages.mean() if len(advantages) else advantages
+    if len(advantages) > 1:
+        whitened = whitened / (advantages.std() + eps)
+    return {"advantages": whitened, "returns": returns}

@@ -26,6 +26,7 @@ How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_sco
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from envhub.chat import stop_token_ids
@@ -46,6 +48,7 @@ from envhub.manager import EnvGroupManager
 from envhub.registration import spec
 from envhub.rollout import Sample, Trajectory, batch_columns, rollout
 from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
 from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import NEEDS, TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
@@ -126,6 +129,13 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._columns: dict[str, list[Any]] | None = None
         self._reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see _reference_logps)
         self._loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, for ratio_type="segment"
+        self.value_head: ValueHead | None = None  # PPO's critic (envhub_trl.critic), beside the model
+        if "values" in NEEDS[args.advantage_estimator]:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            final_norm(unwrapped)  # an architecture without a known final norm fails here, not mid-run
+            self.value_head = ValueHead(unwrapped.config.get_text_config().hidden_size).to(self.accelerator.device)
+            if self.accelerator.num_processes > 1:
+                self.add_callback(_AverageCriticGradients(self.value_head))
 
     # ------------------------------------------------------------------ generation
 
@@ -244,7 +254,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         width = output["completion_ids"].shape[1]
         needs = NEEDS[self.args.advantage_estimator]
         if needs:
-            batch, starts = self._with_token_scores(batch, everyone, samples, output, needs)
+            batch, starts = self._with_scores(batch, everyone, samples, output, needs)
 
         # Estimate, then spread over the tokens the loss reads.
         result = turn_advantages(
@@ -262,6 +272,10 @@ class EnvGRPOTrainer(GRPOTrainer):
             row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in samples]
             advantages = token_advantages(samples, row_turns, width)
         output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
+        if self.value_head is not None:
+            self._critic_targets(output, samples, batch, result["returns"], row_keep)
+            self._metrics[mode]["critic/values_mean"].append(float(np.mean(batch.values)))
+            self._metrics[mode]["critic/returns_mean"].append(float(np.mean(result["returns"])))
         if self.args.ratio_type == "segment":
             turn_ids = np.zeros((len(samples), width), dtype=np.int64)
             for row, sample in enumerate(samples):
@@ -272,36 +286,68 @@ class EnvGRPOTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value)
         return output
 
-    def _with_token_scores(
+    def _with_scores(
         self, batch: TurnBatch, everyone: list[Trajectory], samples: list[Sample], output: dict[str, Any], needs: tuple[str, ...]
     ) -> tuple[TurnBatch, dict[tuple[int, int], int]]:
-        """The score stage's per-token quantities for an estimator that needs them (``needs``:
-        ``logps``, ``ref_logps``): read off TRL's scoring where it computed them, else computed here
-        without gradients; gathered over processes into ``batch``'s token order. Returns the batch
-        with them, and where each (episode, turn)'s tokens start (:func:`token_order`)."""
+        """The score stage's quantities for an estimator that needs them (``needs``: ``logps`` and
+        ``ref_logps`` per model token, ``values`` per turn): read off TRL's scoring where it
+        computed them, else computed here without gradients; gathered over processes into
+        ``batch``'s order. Returns the batch with them, and where each (episode, turn)'s tokens
+        start (:func:`token_order`)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         width = output["completion_ids"].shape[1]
         batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
-        scores = {}
+        token_scores, values = {}, None
         with torch.no_grad():
-            if "logps" in needs:
+            if "logps" in needs or "values" in needs:
                 logps = output.get("old_per_token_logps")
-                if logps is None:
-                    logps, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
-                scores["logps"] = logps
+                if logps is None or "values" in needs:
+                    capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
+                    with capture as hidden:
+                        fresh, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
+                    logps = fresh if logps is None else logps
+                    if "values" in needs:
+                        positions, _ = value_positions(turn_starts(samples), output["prompt_ids"].shape[1])
+                        values = read_values(self.value_head, torch.cat(hidden), positions).float().cpu().numpy()
+                if "logps" in needs:
+                    token_scores["logps"] = logps
             if "ref_logps" in needs:
                 ref = output.get("ref_per_token_logps")
-                scores["ref_logps"] = ref if ref is not None else self._reference_logps(input_ids, attention, width, batch_size)
-        per_turn = {name: turn_token_values(samples, value.float().cpu().numpy()) for name, value in scores.items()}
-        local = [(key, {name: per_turn[name][key] for name in per_turn}) for key in next(iter(per_turn.values()))]
-        gathered = dict(gather_object(local))
-        token_turn, starts = token_order([t.num_turns for t in everyone], {key: len(next(iter(v.values()))) for key, v in gathered.items()})
-        flat = {
-            name: np.concatenate([gathered[key][name] for key in sorted(gathered, key=starts.__getitem__)] or [np.zeros(0)])
-            for name in scores
-        }
-        return batch.with_tokens(token_turn, **flat), starts
+                token_scores["ref_logps"] = ref if ref is not None else self._reference_logps(input_ids, attention, width, batch_size)
+        local: dict[tuple[int, int], dict[str, Any]] = {}
+        for name, value in token_scores.items():
+            for key, entries in turn_token_values(samples, value.float().cpu().numpy()).items():
+                local.setdefault(key, {})[name] = entries
+        if values is not None:
+            for row, starts_of_row in enumerate(turn_starts(samples)):
+                for k, turn in enumerate(sorted(starts_of_row)):
+                    local.setdefault((samples[row].trajectory_index, turn), {})["values"] = float(values[row, k])
+        gathered = dict(gather_object(list(local.items())))
+        turn_counts = [t.num_turns for t in everyone]
+        first = next(iter(token_scores), None)
+        lengths = {key: len(entry[first]) for key, entry in gathered.items() if first in entry} if first else {}
+        token_turn, starts = token_order(turn_counts, lengths)
+        ordered = sorted((key for key in gathered if key in lengths), key=starts.__getitem__)
+        fields = {name: np.concatenate([gathered[key][name] for key in ordered] or [np.zeros(0)]) for name in token_scores}
+        if values is not None:
+            fields["values"] = np.array([gathered.get((g, k), {}).get("values", 0.0) for g, n in enumerate(turn_counts) for k in range(n)])
+        return batch.with_tokens(token_turn, **fields), starts
+
+    def _critic_targets(self, output: dict[str, Any], samples: list[Sample], batch: TurnBatch, returns: np.ndarray, row_keep: list[bool]) -> None:
+        """Put what PPO's value loss reads into ``output``: where each row's turn values are read,
+        their old values and GAE returns, and a mask (0 on padding and on dropped groups)."""
+        starts = turn_starts(samples)
+        positions, mask = value_positions(starts, output["prompt_ids"].shape[1])
+        first_turn = np.cumsum([0] + [int(n) for n in np.bincount(batch.traj_index, minlength=batch.num_episodes)])
+        old, targets = torch.zeros(mask.shape), torch.zeros(mask.shape)
+        for row, starts_of_row in enumerate(starts):
+            for k, turn in enumerate(sorted(starts_of_row)):
+                index = first_turn[samples[row].trajectory_index] + turn
+                old[row, k], targets[row, k] = float(batch.values[index]), float(returns[index])
+        mask = mask * torch.tensor([float(kept) for kept in row_keep]).unsqueeze(1)
+        device = self.accelerator.device
+        output.update(value_positions=positions.to(device), value_mask=mask.to(device), old_values=old.to(device), value_returns=targets.to(device))
 
     def _reference_logps(self, input_ids: torch.Tensor, attention: torch.Tensor, width: int, batch_size: int) -> torch.Tensor:
         """Per-token log-probs of the reference model: TRL's own where it made one (``beta`` > 0),
@@ -363,9 +409,28 @@ class EnvGRPOTrainer(GRPOTrainer):
         :meth:`_get_per_token_logps_and_entropies`)."""
         self._loss_inputs = inputs if self.args.ratio_type == "segment" else None
         try:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            if self.value_head is None:
+                return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            with captured_hidden_states(model) as hidden:
+                loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            values = read_values(self.value_head, hidden[-1], inputs["value_positions"])
+            value_loss = clipped_value_loss(values, inputs["old_values"], inputs["value_returns"], inputs["value_mask"], self.args.cliprange_value)
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["critic/value_loss"].append(float(value_loss.detach()))
+            scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            return loss + self.args.vf_coef * value_loss / scale
         finally:
             self._loss_inputs = None
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        """``transformers.Trainer``'s optimizer, with PPO's value head as one more parameter group
+        (no weight decay)."""
+        optimizer = super().create_optimizer(model)
+        if self.value_head is not None:
+            held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            if not any(id(p) in held for p in self.value_head.parameters()):
+                optimizer.add_param_group({"params": list(self.value_head.parameters()), "weight_decay": 0.0})
+        return optimizer
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
         """TRL's per-token log-probs; inside the loss with ``ratio_type="segment"``, each model token's
@@ -389,7 +454,17 @@ class EnvGRPOTrainer(GRPOTrainer):
         plus ``envhub.json``: the prompt settings and env this model trains on, which ``envhub
         eval`` and ``envhub run --policy`` load so that it is evaluated on its own prompts."""
         super()._save(output_dir, state_dict)
-        self.args.trained_on().save(output_dir if output_dir is not None else self.args.output_dir)
+        folder = output_dir if output_dir is not None else self.args.output_dir
+        self.args.trained_on().save(folder)
+        if self.value_head is not None:
+            self.value_head.save(folder)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """Load a checkpoint as ``transformers.Trainer`` does, and PPO's value head with it (a
+        checkpoint without one, say from a GRPO run, leaves the head as it starts, at 0)."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self.value_head is not None and not self.value_head.load(resume_from_checkpoint):
+            warnings.warn(f"{resume_from_checkpoint} holds no value head; PPO's critic starts from 0", stacklevel=2)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -414,3 +489,20 @@ class EnvGRPOTrainer(GRPOTrainer):
         )
         generator = generator if generator is not None else self.generator
         return evaluate_generator(generator, self.processing_class, args.env_id, seeds, sampling, label=label, **args.manager_kwargs())
+
+
+class _AverageCriticGradients(TrainerCallback):
+    """With several processes, average the value head's gradients before each optimizer step (the
+    head lives beside the DDP-wrapped model, so DDP does not do it)."""
+
+    def __init__(self, head: ValueHead):
+        self.head = head
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        world = torch.distributed.get_world_size()
+        for parameter in self.head.parameters():
+            if parameter.grad is not None:
+                torch.distributed.all_reduce(parameter.grad)
+                parameter.grad /= world
