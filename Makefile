@@ -39,7 +39,7 @@ demo: setup
 bench: setup
 	for script in $(filter-out bench/learning.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
 
-# GRPO against GiGPO on FrozenLake and Sokoban, 18 training runs: several hours on 2 cores. It
+# GRPO, GiGPO, REINFORCE++ and PPO on FrozenLake and Sokoban, 36 training runs: many hours on 2 cores. It
 # resumes: a finished run is not run again. Writes bench/results/learning.json and learning.png.
 bench-learning: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/learning.py

@@ -1,10 +1,10 @@
-"""Learning benchmark: GRPO against GiGPO at an equal budget, from the tiny model, on FrozenLake 4x4
-(deterministic and slippery) and Sokoban 6x6 with one box.
+"""Learning benchmark: GRPO against GiGPO (and REINFORCE++ and PPO) at an equal budget, from the tiny
+model, on FrozenLake 4x4 (deterministic and slippery) and Sokoban 6x6 with one box.
 
 Each env has one config in ``bench/learning/`` (EnvGRPOConfig fields, plus ``model``,
 ``warm_start`` and ``targets``, which this script reads itself). Every run of an env uses
 that config and changes only ``advantage_estimator`` and ``seed``: the same episodes and optimizer
-steps for both algorithms. A run is :func:`envhub_trl.train_command.run_training` in a child
+steps for every algorithm. A run is :func:`envhub_trl.train_command.run_training` in a child
 process (so that no memory or torch state passes from one run to the next, and a crash is
 reported rather than fatal); it leaves its model, curve, log and ``results.json`` in
 ``bench/results/learning/<env>/<algo>/seed<k>/``. A run whose ``results.json`` holds the same
@@ -14,7 +14,7 @@ Held-out success is measured on the same 256 seeds for every run, next to the re
 (random, open-loop, expert, optimal) on those seeds. The targets are checked on held-out greedy
 success, the mean over training seeds; a missed target is reported, with its curve.
 
-    python bench/learning.py [--only NAME ...] [--algos grpo gigpo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
+    python bench/learning.py [--only NAME ...] [--algos grpo gigpo reinforce++ ppo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
                              [--jobs N] [--set KEY=VALUE ...]
 
 ``--set KEY=VALUE`` overrides a config value in every env (``envhub train``'s syntax), e.g.
@@ -54,7 +54,9 @@ from envhub_trl.warm_start import WarmStart
 HERE = Path(__file__).parent
 CONFIGS = HERE / "learning"
 RESULTS = HERE / "results"
-ALGOS = ("grpo", "gigpo")
+#: The algorithms a run compares by default, each at the same budget; GiGPO's target is against GRPO.
+ALGOS = ("grpo", "gigpo", "reinforce++", "ppo")
+COMPARED = ("grpo", "gigpo")
 #: Config keys this script handles (with their defaults) instead of passing them to EnvGRPOConfig.
 RUN_KEYS = {"model": "tiny", "warm_start": {}}
 #: GiGPO's target over GRPO at an equal budget, in held-out greedy success.
@@ -63,7 +65,7 @@ GIGPO_MARGIN = 0.05
 #: of 8 short episodes, 16 held-out episodes, a token warm start; one seed.
 SMOKE_VALUES = {"max_steps": 2, "groups_per_step": 2, "group_size": 4, "per_device_train_batch_size": 8, "max_turns": 6, "eval_episodes": 16}
 SMOKE_WARM_START = {"steps": 5, "episodes": 32}
-COLOURS = {"grpo": "tab:blue", "gigpo": "tab:red"}
+COLOURS = {"grpo": "tab:blue", "gigpo": "tab:red", "reinforce++": "tab:purple", "ppo": "tab:orange"}
 BASELINE_STYLES = {"open-loop": "tab:gray", "expert": "tab:green", "optimal": "black"}
 MODES = ("greedy", "sampled")
 
@@ -163,7 +165,7 @@ def check_targets(name: str, algos: dict[str, Any], references: dict[str, float]
                 "env": name, "algo": algo, "target": "held-out greedy success", "threshold": targets["success"],
                 "value": greedy, "met": greedy >= targets["success"],
             })
-    if set(ALGOS) <= set(algos):
+    if set(COMPARED) <= set(algos):
         difference = algos["gigpo"]["after_rl"]["greedy"]["mean"] - algos["grpo"]["after_rl"]["greedy"]["mean"]
         checks.append({
             "env": name, "algo": "gigpo - grpo", "target": "held-out greedy success, GiGPO minus GRPO at an equal budget",
@@ -187,7 +189,7 @@ def summarise_env(name: str, runs: dict[str, dict[int, dict[str, Any]]], targets
         "open_loop_description": any_run["open_loop_description"],
         "algorithms": algos,
     }
-    if set(ALGOS) <= set(algos):
+    if set(COMPARED) <= set(algos):
         entry["gigpo_minus_grpo"] = {mode: algos["gigpo"]["after_rl"][mode]["mean"] - algos["grpo"]["after_rl"][mode]["mean"] for mode in MODES}
     entry["targets"] = check_targets(name, algos, references, targets)
     return entry
@@ -234,7 +236,7 @@ def plot(envs: dict[str, Any], runs: dict[str, dict[str, dict[int, dict[str, Any
         axis.set_ylim(-0.02, 1.05)
         axis.set_xlim(-0.03 * max(last, 1), max(last, 1) * 1.04)
         axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)
-    figure.suptitle("GRPO vs GiGPO at an equal budget (shaded: min-max over training seeds)")
+    figure.suptitle("Algorithms at an equal budget (shaded: min-max over training seeds)")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
@@ -273,7 +275,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/).")
     parser.add_argument("--finished-only", action="store_true",
                         help="Run nothing: summarise the runs already finished (table, learning.json, learning.png).")
-    parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo).")
+    parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo reinforce++ ppo).")
     parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
     parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
     parser.add_argument("--smoke", action="store_true", help="A check that everything runs: 1 seed, 2 RL steps of 8 episodes of 6 turns, "

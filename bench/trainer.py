@@ -1,5 +1,5 @@
 """Trainer benchmark: an EnvGRPOTrainer step against a plain trl.GRPOTrainer step on as many tokens,
-and the GiGPO advantage time on a 16k-step batch.
+each advantage estimator's step against GRPO's, and the GiGPO advantage time on a 16k-step batch.
 
 Both trainers use the same freshly built tiny model on the CPU. The envhub run plays multi-turn
 FrozenLake episodes (generation turn by turn, environment tokens between turns); the plain run
@@ -9,7 +9,14 @@ same number of tokens. A step is TRL's ``step_time``: generation, scoring and th
 The two trainers run in alternating rounds (fresh trainers each round) so that a busy machine
 slows both alike; the ratio is of the medians over every timed step.
 
-    python bench/trainer.py [--episodes 16] [--steps 4] [--rounds 3]
+Per algorithm (``grpo``, ``gigpo``, ``rloo``, ``step_reinforce``, ``reinforce++``, ``ppo``): the same
+batch for each, since the episodes are played by a seeded noisy expert rather than the model
+(every algorithm sees the same episodes step by step), so what differs is what the algorithm adds:
+REINFORCE++'s policy and reference forward passes, PPO's value read-out and value loss. Rounds
+alternate the algorithms; each ratio is of medians against GRPO. Targets: PPO at most 1.6x
+GRPO, the others at most 1.1x.
+
+    python bench/trainer.py [--episodes 16] [--steps 4] [--rounds 3] [--algorithms grpo ppo ...]
 
 Prints the figures and writes bench/results/trainer.json.
 """
@@ -32,14 +39,19 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from envhub.generation import ExpertGenerator
 from envhub.trajectory import Sample
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages
 from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.estimators import ESTIMATORS
 from envhub_trl.rollout_batch import token_advantages
 from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
 from envhub_trl.trainer import EnvGRPOTrainer
 
 ENV = "frozenlake/FrozenLakeNotSlippery-v0"
+#: Step-time targets against GRPO on the same batch (issue: PPO with a shared-trunk head <= 1.6x).
+ALGORITHM_TARGETS = {"ppo": 1.6}
+DEFAULT_TARGET = 1.1
 
 
 def step_times(trainer) -> list[float]:
@@ -65,6 +77,19 @@ def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: i
     trainer.rollout_func = measured
     times = step_times(trainer)[1:]  # the first step pays one-off set-up
     return times, lengths
+
+
+def algorithm_run(tokenizer, algorithm: str, episodes: int, steps: int, turns: int, reply_tokens: int, out: str) -> list[float]:
+    """Step times of one estimator on the batches a seeded noisy expert plays (the same for every
+    estimator), from a model built with a fixed seed."""
+    config = EnvGRPOConfig(
+        output_dir=out, env_id=ENV, max_turns=turns, groups_per_step=episodes // 4, group_size=4,
+        per_device_train_batch_size=episodes, max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1,
+        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1, advantage_estimator=algorithm,
+    )
+    generator = ExpertGenerator(tokenizer, epsilon=0.3, seed=0)
+    trainer = EnvGRPOTrainer(build_model(tokenizer, seed=0), config, processing_class=tokenizer, generator=generator)
+    return step_times(trainer)[1:]
 
 
 def plain_run(tokenizer, episodes: int, steps: int, prompt_len: int, completion_len: int, out: str):
@@ -114,10 +139,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--reply-tokens", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the trainers.")
+    parser.add_argument("--algorithms", nargs="+", choices=sorted(ESTIMATORS), default=["grpo", "gigpo", "rloo", "step_reinforce", "reinforce++", "ppo"],
+                        help="Estimators timed against GRPO (GRPO is always timed).")
     args = parser.parse_args()
+    algorithms = ["grpo"] + [a for a in args.algorithms if a != "grpo"]
     torch.manual_seed(0)
     tokenizer = build_tokenizer(environment_corpus([ENV], seeds=4))
     ours, plain, step_layout, lengths = [], [], [], []
+    by_algorithm: dict[str, list[float]] = {a: [] for a in algorithms}
     with tempfile.TemporaryDirectory() as out:
         for _ in range(args.rounds):
             times, measured = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
@@ -127,6 +156,8 @@ def main() -> None:
             completion_len = int(round(np.mean([c for _, c in lengths])))
             plain += plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
             step_layout += envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out, "step")[0]
+            for algorithm in algorithms:
+                by_algorithm[algorithm] += algorithm_run(tokenizer, algorithm, args.episodes, args.steps, args.turns, args.reply_tokens, out)
     batch = gigpo_batch(16_384)
     gigpo_s = best_of(lambda: gigpo_advantages(**batch))
     returns = np.bincount(batch["traj_index"], weights=batch["rewards"])
@@ -150,8 +181,24 @@ def main() -> None:
         "gigpo_over_grpo": gigpo_s / grpo_s,
         "per_token_spread_512x256_ms": spread_s * 1000,
     }
+    grpo_step = statistics.median(by_algorithm["grpo"])
+    algorithm_figures = {
+        a: {
+            "step_s": statistics.median(times),
+            "over_grpo": statistics.median(times) / grpo_step,
+            "target_over_grpo": ALGORITHM_TARGETS.get(a, DEFAULT_TARGET) if a != "grpo" else None,
+        }
+        for a, times in by_algorithm.items()
+    }
+    for entry in algorithm_figures.values():
+        entry["met"] = None if entry["target_over_grpo"] is None else entry["over_grpo"] <= entry["target_over_grpo"]
     for key, value in figures.items():
         print(f"{key:<32} {value:.4g}" if isinstance(value, float) else f"{key:<32} {value}")
+    print("\nseconds per optimizer step on the same batches (medians), against GRPO")
+    for a, entry in algorithm_figures.items():
+        target = "" if entry["target_over_grpo"] is None else f"  target <= {entry['target_over_grpo']}x: {'met' if entry['met'] else 'MISSED'}"
+        print(f"  {a:<16} {entry['step_s']:.3f} s  {entry['over_grpo']:.2f}x{target}")
+    figures["algorithms"] = algorithm_figures
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     (results / "trainer.json").write_text(json.dumps(figures, indent=2))

@@ -151,7 +151,9 @@ def test_turn_advantages_zero_dropped_groups():
     np.testing.assert_array_equal(out["keep"], [True, True, False, False])
     gigpo = turn_advantages(batch, "gigpo", EstimatorSettings(norm="mean", step_reward_weight=0.5), keep_fraction=0.5)
     np.testing.assert_allclose(gigpo["advantages"], [0.75, -0.75, 0, 0])
-    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+    with pytest.raises(ValueError, match="unknown advantage estimator 'a2c'"):
+        turn_advantages(batch, "a2c")
+    with pytest.raises(ValueError, match="'ppo' needs the batch's values"):
         turn_advantages(batch, "ppo")
 
 
