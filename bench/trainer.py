@@ -13,7 +13,7 @@ Per algorithm (``grpo``, ``gigpo``, ``rloo``, ``step_reinforce``, ``reinforce++`
 batch for each, since the episodes are played by a seeded noisy expert rather than the model
 (every algorithm sees the same episodes step by step), so what differs is what the algorithm adds:
 REINFORCE++'s policy and reference forward passes, PPO's value read-out and value loss. Rounds
-alternate the algorithms; each ratio is of medians against GRPO. Targets: PPO at most 1.6x
+alternate the algorithms (in an order rotated each round); each ratio is of medians against GRPO. Targets: PPO at most 1.6x
 GRPO, the others at most 1.1x.
 
     python bench/trainer.py [--episodes 16] [--steps 4] [--rounds 3] [--algorithms grpo ppo ...]
@@ -148,7 +148,7 @@ def main() -> None:
     ours, plain, step_layout, lengths = [], [], [], []
     by_algorithm: dict[str, list[float]] = {a: [] for a in algorithms}
     with tempfile.TemporaryDirectory() as out:
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             times, measured = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
             ours += times
             lengths += measured
@@ -156,7 +156,7 @@ def main() -> None:
             completion_len = int(round(np.mean([c for _, c in lengths])))
             plain += plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
             step_layout += envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out, "step")[0]
-            for algorithm in algorithms:
+            for algorithm in algorithms[round_ % len(algorithms) :] + algorithms[: round_ % len(algorithms)]:  # rotated: no algorithm always first
                 by_algorithm[algorithm] += algorithm_run(tokenizer, algorithm, args.episodes, args.steps, args.turns, args.reply_tokens, out)
     batch = gigpo_batch(16_384)
     gigpo_s = best_of(lambda: gigpo_advantages(**batch))
