@@ -9,7 +9,7 @@ tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -68,19 +68,23 @@ def turn_advantages(
     return out
 
 
-def turn_token_values(samples: Sequence[Sample], values: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
-    """Each turn's model-token entries of a per-row array (a score-stage quantity such as
-    log-probs, ``values[row, j]`` for completion token ``j``), keyed by ``(trajectory_index,
-    turn)`` in the order sampled; padding rows (``trajectory_index`` -1) are skipped."""
-    out: dict[tuple[int, int], np.ndarray] = {}
+def _turn_spans(samples: Sequence[Sample]) -> Iterator[tuple[int, tuple[int, int], np.ndarray]]:
+    """``(row, (trajectory_index, turn), positions)`` for each turn's model tokens in each row, in
+    order; padding rows (``trajectory_index`` -1) are skipped."""
     for row, sample in enumerate(samples):
         if sample.trajectory_index < 0:
             continue
         mask = np.asarray(sample.env_mask, dtype=bool)
         turns = np.asarray(sample.turn_ids, dtype=np.int64)
         for turn in np.unique(turns[mask]):
-            out[(sample.trajectory_index, int(turn))] = np.asarray(values[row, : len(mask)])[mask & (turns == turn)]
-    return out
+            yield row, (sample.trajectory_index, int(turn)), np.flatnonzero(mask & (turns == turn))
+
+
+def turn_token_values(samples: Sequence[Sample], values: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Each turn's model-token entries of a per-row array (a score-stage quantity such as
+    log-probs, ``values[row, j]`` for completion token ``j``), keyed by ``(trajectory_index,
+    turn)`` in the order sampled; padding rows (``trajectory_index`` -1) are skipped."""
+    return {key: np.asarray(values[row])[positions] for row, key, positions in _turn_spans(samples)}
 
 
 def token_order(turn_counts: Sequence[int], lengths: dict[tuple[int, int], int]) -> tuple[np.ndarray, dict[tuple[int, int], int]]:
@@ -109,15 +113,8 @@ def spread_token_values(samples: Sequence[Sample], flat: np.ndarray, starts: dic
     """Per-token values in :func:`token_order` back onto the rows: the inverse of
     :func:`turn_token_values`; environment tokens and padding get 0. Shape ``(len(samples), width)``."""
     out = np.zeros((len(samples), width))
-    for row, sample in enumerate(samples):
-        if sample.trajectory_index < 0:
-            continue
-        mask = np.asarray(sample.env_mask, dtype=bool)
-        turns = np.asarray(sample.turn_ids, dtype=np.int64)
-        for turn in np.unique(turns[mask]):
-            where = np.flatnonzero(mask & (turns == turn))
-            start = starts[(sample.trajectory_index, int(turn))]
-            out[row, where] = flat[start : start + len(where)]
+    for row, key, positions in _turn_spans(samples):
+        out[row, positions] = flat[starts[key] : starts[key] + len(positions)]
     return out
 
 
