@@ -304,6 +304,20 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
     return record
 
 
+def _env_kwargs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    """``--env-kwarg KEY=VALUE`` options as a mapping; VALUE is read as JSON where it parses."""
+    kwargs: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE (e.g. view=local)", ctx=ctx, param=param)
+        try:
+            kwargs[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = raw
+    return kwargs
+
+
 @cli.command("run")
 @click.argument("env_id")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the first episode; episode i uses seed+i.")
@@ -311,23 +325,39 @@ def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: F
 @click.option("--policy", default="random", show_default=True,
               help="random, expert, human, or a model path (with envhub-trl installed).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
+@click.option("--env-kwarg", "env_kwargs", multiple=True, metavar="KEY=VALUE", callback=_env_kwargs,
+              help="A keyword argument of the env (repeatable), e.g. view=local; VALUE is read as JSON where it parses (8, false), else as text.")
 @click.option("--render", "render_path", type=click.Path(path_type=Path), default=None,
               help="Save pictures: FILE.png (last frame per episode), FILE.gif, or a folder of frames.")
 @json_option
-def run(env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, render_path: Path | None, as_json: bool) -> None:
+def run(
+    env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, env_kwargs: dict[str, Any], render_path: Path | None, as_json: bool
+) -> None:
     """Play episodes of ENV_ID with a policy; people see the board, scripts get JSON lines."""
     chosen = _policy(policy, env_id, seed)
     # A model policy knows the env settings it trained on (its checkpoint's envhub.json).
     trained_kwargs, trained_turns = getattr(chosen, "env_kwargs", None) or {}, getattr(chosen, "max_turns", None)
     if trained_kwargs or trained_turns:
         click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
+    overridden = sorted(key for key in env_kwargs if key in trained_kwargs and trained_kwargs[key] != env_kwargs[key])
+    if overridden:
+        click.echo(f"--env-kwarg overrides what the model trained with: {', '.join(overridden)}", err=True)
     sink = FrameSink(render_path) if render_path else None
     try:
-        env = make(env_id, max_turns=max_turns or trained_turns, **trained_kwargs, **({"render_mode": "rgb_array"} if render_path else {}))
-    except ValueError as exc:
-        if render_path is None or "render_mode" not in str(exc):
+        env = make(
+            env_id, max_turns=max_turns or trained_turns, **{**trained_kwargs, **env_kwargs},
+            **({"render_mode": "rgb_array"} if render_path else {}),
+        )
+    except TypeError as exc:
+        if not env_kwargs:
             raise
-        raise click.ClickException(f"{env_id} cannot draw pictures, which --render needs: {exc}") from exc
+        raise click.ClickException(f"{env_id} does not take these settings ({', '.join(env_kwargs)}): {exc}") from exc
+    except ValueError as exc:
+        if render_path is not None and "render_mode" in str(exc):
+            raise click.ClickException(f"{env_id} cannot draw pictures, which --render needs: {exc}") from exc
+        if env_kwargs:
+            raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs)}: {exc}") from exc
+        raise
     if policy == "human" and not as_json:
         click.echo(env.instructions)
     results = []

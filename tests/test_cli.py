@@ -85,6 +85,18 @@ def test_run_human_reads_actions_from_stdin():
     assert actions == ["Right", "jump"] and record["invalid_actions"] == 1
 
 
+def test_run_takes_env_keyword_arguments_and_refuses_bad_ones_in_one_line():
+    record = json.loads(invoke("run", ENV, "--policy", "expert", "--env-kwarg", "view=local", "--json").output)
+    assert record["transcript"][0]["observation"].startswith("Row 1, column 1.") and record["success"]
+    for args, message in (
+        (["--env-kwarg", "view"], "'view' is not KEY=VALUE"),
+        (["--env-kwarg", "colour=red"], "does not take these settings (colour)"),
+        (["--env-kwarg", "view=sideways"], "refuses --env-kwarg view: unknown view 'sideways'"),
+    ):
+        result = CliRunner().invoke(cli, ["run", ENV, *args])
+        assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+
+
 def test_run_unknown_env_and_policy_are_one_line_errors():
     result = CliRunner().invoke(cli, ["run", "frozenlake/FrozenLak-v0"])
     assert result.exit_code == 1 and "Did you mean 'frozenlake/FrozenLake-v0'" in result.output
