@@ -98,7 +98,7 @@ def test_reinforce_plus_plus_folds_a_token_kl_penalty_into_returns_whitened_over
     # 2 tokens, reward 0.5. log pi - log pi_ref per token: 0.1, 0.2 | 0.0 | 0.3, -0.1.
     turns = batch([0.0, 1.0, 0.5], [0, 0, 1], [0, 1, 0], [0, 1])
     logps = np.array([-1.0, -2.0, -0.5, -1.0, -3.0])
-    tokens = turns.with_tokens([0, 0, 1, 2, 2], logps=logps, ref_logps=logps - [0.1, 0.2, 0.0, 0.3, -0.1])
+    tokens = turns.with_scores([0, 0, 1, 2, 2], logps=logps, ref_logps=logps - [0.1, 0.2, 0.0, 0.3, -0.1])
     out = estimate("reinforce++", tokens, EstimatorSettings(kl_coef=0.5))
     # Token rewards -0.5 * KL, each turn's reward on its last token: -0.05, -0.1 | 1.0 | -0.15, 0.55;
     # undiscounted rewards-to-go within each episode: 0.85, 0.9, 1.0 | 0.4, 0.55.
@@ -139,7 +139,7 @@ def test_gae_matches_a_loop_by_loop_reference():
 
 def test_ppo_whitens_gae_advantages_and_targets_the_critic_at_advantage_plus_value():
     turns = batch([0.0, 1.0, 0.5], [0, 0, 1], [0, 1, 0], [0, 1])
-    out = estimate("ppo", turns.with_tokens([], values=np.array([0.2, 0.6, 0.1])), EstimatorSettings(gamma=1.0, lam=1.0))
+    out = estimate("ppo", turns.with_scores([], values=np.array([0.2, 0.6, 0.1])), EstimatorSettings(gamma=1.0, lam=1.0))
     # lam = gamma = 1: A = return-to-go - V = (1 - 0.2, 1 - 0.6, 0.5 - 0.1).
     raw = np.array([0.8, 0.4, 0.4])
     np.testing.assert_allclose(out["returns"], [1.0, 1.0, 0.5])

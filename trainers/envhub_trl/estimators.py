@@ -14,7 +14,7 @@ function here plus its test::
 
 An estimator that needs model quantities names them when it registers
 (``@register("reinforce++", needs=("logps", "ref_logps"))``): the trainer then runs it after the
-score stage, with the batch's per-token fields filled, and it may return ``"token_advantages"``
+score stage, with the batch's score-stage fields filled, and it may return ``"token_advantages"``
 (one per model token, in the batch's token order) instead of per-turn ones.
 
 Estimators here: ``grpo`` and ``gigpo`` (exact, checked against an independent reference in the
@@ -78,7 +78,7 @@ class TurnBatch:
             env_ids=np.array([t.env_id for t in trajectories], dtype=object),
         )
 
-    def with_tokens(self, token_turn: np.ndarray, **fields: np.ndarray | None) -> TurnBatch:
+    def with_scores(self, token_turn: np.ndarray, **fields: np.ndarray | None) -> TurnBatch:
         """This batch with its score-stage fields (``token_turn`` and any of ``logps``, ``ref_logps``,
         ``values``)."""
         return dataclasses.replace(self, token_turn=np.asarray(token_turn, dtype=np.int64), **fields)
@@ -119,17 +119,17 @@ class EstimatorSettings:
 Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
 #: Every registered estimator, by name.
 ESTIMATORS: dict[str, Estimator] = {}
-#: The per-token fields of :class:`TurnBatch` each estimator needs (filled by the score stage).
+#: The score-stage fields of :class:`TurnBatch` each estimator needs (per token, or per turn for ``values``).
 NEEDS: dict[str, tuple[str, ...]] = {}
-TOKEN_FIELDS = ("logps", "ref_logps", "values")
+SCORE_FIELDS = ("logps", "ref_logps", "values")
 
 
 def register(name: str, needs: Sequence[str] = ()) -> Callable[[Estimator], Estimator]:
     """Register an estimator under ``name`` (a second one under the same name is an error);
-    ``needs`` names the per-token fields of :class:`TurnBatch` it reads (see :data:`TOKEN_FIELDS`)."""
-    unknown = sorted(set(needs) - set(TOKEN_FIELDS))
+    ``needs`` names the score-stage fields of :class:`TurnBatch` it reads (see :data:`SCORE_FIELDS`)."""
+    unknown = sorted(set(needs) - set(SCORE_FIELDS))
     if unknown:
-        raise ValueError(f"estimator {name!r} needs unknown batch fields {unknown}; known: {list(TOKEN_FIELDS)}")
+        raise ValueError(f"estimator {name!r} needs unknown batch fields {unknown}; known: {list(SCORE_FIELDS)}")
 
     def decorate(function: Estimator) -> Estimator:
         if name in ESTIMATORS:
@@ -202,6 +202,13 @@ def step_reinforce(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1
     return {"advantages": centred}
 
 
+def _whiten(values: np.ndarray, eps: float) -> np.ndarray:
+    """``values`` less their mean, over their (population) std + ``eps`` where there are two or
+    more: OpenRLHF's and verl's whitening over a whole batch."""
+    centred = values - values.mean() if len(values) else values
+    return centred / (values.std() + eps) if len(values) > 1 else centred
+
+
 @register("reinforce++", needs=("logps", "ref_logps"))
 def reinforce_plus_plus(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dict[str, np.ndarray]:
     """REINFORCE++ (Hu, 2025; OpenRLHF's ``reinforce``): a token-level reward of ``-kl_coef`` x the
@@ -226,10 +233,7 @@ def reinforce_plus_plus(batch: TurnBatch, settings: EstimatorSettings, eps: floa
     after_episode = np.r_[to_go[1:], 0.0][ends]  # what follows each episode's last token
     episode_of = np.cumsum(np.r_[0, episode[1:] != episode[:-1]]) if len(episode) else episode
     returns = to_go - after_episode[episode_of]
-    advantages = returns - returns.mean() if len(returns) else returns
-    if len(returns) > 1:
-        advantages = advantages / (returns.std() + eps)
-    return {"token_advantages": advantages, "kl": kl}
+    return {"token_advantages": _whiten(returns, eps), "kl": kl}
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, traj_index: np.ndarray, step_index: np.ndarray, gamma: float, lam: float) -> np.ndarray:
@@ -255,7 +259,4 @@ def ppo(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dic
     """
     advantages = gae(batch.rewards, batch.values, batch.traj_index, batch.step_index, settings.gamma, settings.lam)
     returns = advantages + np.asarray(batch.values, dtype=np.float64)
-    whitened = advantages - advantages.mean() if len(advantages) else advantages
-    if len(advantages) > 1:
-        whitened = whitened / (advantages.std() + eps)
-    return {"advantages": whitened, "returns": returns}
+    return {"advantages": _whiten(advantages, eps), "returns": returns}

@@ -50,15 +50,21 @@ def turn_advantages(
     *,
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
+    keep: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Each turn's (or model token's) advantage under the registered ``estimator``
     (:mod:`envhub_trl.estimators`), and which episodes the group filter keeps.
+
+    ``keep`` is the group filter's verdict per episode when the caller already has it
+    (:func:`~envhub_trl.advantages.select_groups` with ``drop_tied`` and ``keep_fraction``);
+    otherwise it is computed here.
 
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
         of dropped groups, and ``keep`` (per episode).
     """
-    keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+    if keep is None:
+        keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
     out = dict(estimate(estimator, batch, settings))
     if "token_advantages" in out:
         out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)

@@ -47,9 +47,9 @@ from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
 from envhub.rollout import Sample, Trajectory, batch_columns, rollout
+from envhub_trl.advantages import select_groups
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
-from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import NEEDS, TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
@@ -57,12 +57,12 @@ from envhub_trl.metrics import rollout_metrics
 from envhub_trl.rollout_batch import (
     check_has_turns,
     episode_return,
+    segment_mean,
     spread_token_values,
     token_advantages,
-    turn_advantages,
-    segment_mean,
-    turn_token_values,
     token_order,
+    turn_advantages,
+    turn_token_values,
 )
 
 
@@ -236,14 +236,14 @@ class EnvGRPOTrainer(GRPOTrainer):
         # The group filter reads returns alone, so dropped groups are masked before TRL scores.
         keep = select_groups(
             batch.returns, batch.traj_groups, drop_tied=self.args.filter_tied_groups, keep_fraction=self.args.keep_group_fraction
-        )[offset : offset + len(local)]
+        )
 
         if self.args.sample_layout == "trajectory":
             rows, samples = list(inputs), [t.sample() for t in local]
         else:
             rows, samples = self._step_rows(inputs, local, mode)
         columns = batch_columns(samples)
-        row_keep = [bool(keep[s.trajectory_index - offset]) if s.trajectory_index >= 0 else False for s in samples]
+        row_keep = [bool(keep[s.trajectory_index]) if s.trajectory_index >= 0 else False for s in samples]
         columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], row_keep)]
         columns["episode_return"] = [
             everyone[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples
@@ -252,18 +252,14 @@ class EnvGRPOTrainer(GRPOTrainer):
         # Score: TRL's old and reference log-probs; then what the estimator needs besides.
         output = super()._generate_and_score_completions(rows)
         width = output["completion_ids"].shape[1]
+        # Each row's turns and where their model tokens start: where PPO's values are read.
+        value_rows = turn_starts(samples) if self.value_head is not None else None
         needs = NEEDS[self.args.advantage_estimator]
         if needs:
-            batch, starts = self._with_scores(batch, everyone, samples, output, needs)
+            batch, starts = self._with_scores(batch, everyone, samples, output, needs, value_rows)
 
         # Estimate, then spread over the tokens the loss reads.
-        result = turn_advantages(
-            batch,
-            self.args.advantage_estimator,
-            self.args.estimator_settings(),
-            drop_tied=self.args.filter_tied_groups,
-            keep_fraction=self.args.keep_group_fraction,
-        )
+        result = turn_advantages(batch, self.args.advantage_estimator, self.args.estimator_settings(), keep=keep)
         if "token_advantages" in result:
             advantages = spread_token_values(samples, result["token_advantages"], starts, width)
             self._metrics[mode]["env/kl"].append(float(np.mean(result["kl"])) if len(result["kl"]) else 0.0)
@@ -273,7 +269,7 @@ class EnvGRPOTrainer(GRPOTrainer):
             advantages = token_advantages(samples, row_turns, width)
         output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
         if self.value_head is not None:
-            self._critic_targets(output, samples, batch, result["returns"], row_keep)
+            self._critic_targets(output, samples, value_rows, batch, result["returns"], row_keep)
             self._metrics[mode]["critic/values_mean"].append(float(np.mean(batch.values)))
             self._metrics[mode]["critic/returns_mean"].append(float(np.mean(result["returns"])))
         if self.args.ratio_type == "segment":
@@ -287,31 +283,37 @@ class EnvGRPOTrainer(GRPOTrainer):
         return output
 
     def _with_scores(
-        self, batch: TurnBatch, everyone: list[Trajectory], samples: list[Sample], output: dict[str, Any], needs: tuple[str, ...]
+        self,
+        batch: TurnBatch,
+        everyone: list[Trajectory],
+        samples: list[Sample],
+        output: dict[str, Any],
+        needs: tuple[str, ...],
+        value_rows: list[dict[int, int]] | None,
     ) -> tuple[TurnBatch, dict[tuple[int, int], int]]:
         """The score stage's quantities for an estimator that needs them (``needs``: ``logps`` and
-        ``ref_logps`` per model token, ``values`` per turn): read off TRL's scoring where it
-        computed them, else computed here without gradients; gathered over processes into
-        ``batch``'s order. Returns the batch with them, and where each (episode, turn)'s tokens
-        start (:func:`token_order`)."""
+        ``ref_logps`` per model token, ``values`` per turn, read where ``value_rows`` says:
+        :func:`~envhub_trl.critic.turn_starts`): read off TRL's scoring where it computed them,
+        else computed here without gradients; gathered over processes into ``batch``'s order.
+        Returns the batch with them, and where each (episode, turn)'s tokens start
+        (:func:`token_order`)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         width = output["completion_ids"].shape[1]
         batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         token_scores, values = {}, None
         with torch.no_grad():
-            if "logps" in needs or "values" in needs:
-                logps = output.get("old_per_token_logps")
-                if logps is None or "values" in needs:
-                    capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
-                    with capture as hidden:
-                        fresh, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
-                    logps = fresh if logps is None else logps
-                    if "values" in needs:
-                        positions, _ = value_positions(turn_starts(samples), output["prompt_ids"].shape[1])
-                        values = read_values(self.value_head, torch.cat(hidden), positions).float().cpu().numpy()
-                if "logps" in needs:
-                    token_scores["logps"] = logps
+            logps = output.get("old_per_token_logps")
+            if "values" in needs or ("logps" in needs and logps is None):
+                capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
+                with capture as hidden:
+                    fresh, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
+                logps = fresh if logps is None else logps
+                if "values" in needs:
+                    positions, _ = value_positions(value_rows, output["prompt_ids"].shape[1])
+                    values = read_values(self.value_head, torch.cat(hidden), positions).float().cpu().numpy()
+            if "logps" in needs:
+                token_scores["logps"] = logps
             if "ref_logps" in needs:
                 ref = output.get("ref_per_token_logps")
                 token_scores["ref_logps"] = ref if ref is not None else self._reference_logps(input_ids, attention, width, batch_size)
@@ -320,7 +322,7 @@ class EnvGRPOTrainer(GRPOTrainer):
             for key, entries in turn_token_values(samples, value.float().cpu().numpy()).items():
                 local.setdefault(key, {})[name] = entries
         if values is not None:
-            for row, starts_of_row in enumerate(turn_starts(samples)):
+            for row, starts_of_row in enumerate(value_rows):
                 for k, turn in enumerate(sorted(starts_of_row)):
                     local.setdefault((samples[row].trajectory_index, turn), {})["values"] = float(values[row, k])
         gathered = dict(gather_object(list(local.items())))
@@ -332,12 +334,20 @@ class EnvGRPOTrainer(GRPOTrainer):
         fields = {name: np.concatenate([gathered[key][name] for key in ordered] or [np.zeros(0)]) for name in token_scores}
         if values is not None:
             fields["values"] = np.array([gathered.get((g, k), {}).get("values", 0.0) for g, n in enumerate(turn_counts) for k in range(n)])
-        return batch.with_tokens(token_turn, **fields), starts
+        return batch.with_scores(token_turn, **fields), starts
 
-    def _critic_targets(self, output: dict[str, Any], samples: list[Sample], batch: TurnBatch, returns: np.ndarray, row_keep: list[bool]) -> None:
-        """Put what PPO's value loss reads into ``output``: where each row's turn values are read,
-        their old values and GAE returns, and a mask (0 on padding and on dropped groups)."""
-        starts = turn_starts(samples)
+    def _critic_targets(
+        self,
+        output: dict[str, Any],
+        samples: list[Sample],
+        starts: list[dict[int, int]],
+        batch: TurnBatch,
+        returns: np.ndarray,
+        row_keep: list[bool],
+    ) -> None:
+        """Put what PPO's value loss reads into ``output``: where each row's turn values are read
+        (``starts``: :func:`~envhub_trl.critic.turn_starts`), their old values and GAE returns, and a
+        mask (0 on padding and on dropped groups)."""
         positions, mask = value_positions(starts, output["prompt_ids"].shape[1])
         first_turn = np.cumsum([0] + [int(n) for n in np.bincount(batch.traj_index, minlength=batch.num_episodes)])
         old, targets = torch.zeros(mask.shape), torch.zeros(mask.shape)
