@@ -641,6 +641,10 @@ class _RayEnvWorker(EnvWorker):
         return _picklable(super().call(method, request))
 
 
+#: The executors ``make_executor`` builds by name.
+EXECUTORS = ("inprocess", "process", "ray")
+
+
 def make_executor(
     name: str, num_workers: int = 2, step_timeout: float | None = DEFAULT_STEP_TIMEOUT
 ) -> InProcessExecutor | ProcessPoolExecutor | RayExecutor:
@@ -652,4 +656,4 @@ def make_executor(
         return ProcessPoolExecutor(num_workers, step_timeout=step_timeout)
     if name == "ray":
         return RayExecutor(num_workers, step_timeout=step_timeout)
-    raise ValueError(f"unknown executor {name!r}; choose inprocess, process or ray")
+    raise ValueError(f"unknown executor {name!r}; choose {', '.join(EXECUTORS)}")

@@ -33,6 +33,7 @@ from trl import GRPOConfig
 
 from envhub_trl.estimators import ESTIMATORS, EstimatorSettings
 
+from envhub.executors import EXECUTORS
 from envhub.prompts import PromptSettings, TrainedOn
 
 NORMS = ("mean", "mean_std")
@@ -224,8 +225,8 @@ class EnvGRPOConfig(GRPOConfig):
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
-        if self.env_executor not in ("inprocess", "process", "ray"):
-            raise ValueError(f"env_executor must be one of inprocess, process, ray; got {self.env_executor!r}")
+        if self.env_executor not in EXECUTORS:
+            raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
         if self.generator not in GENERATORS:
             raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
         if self.sample_layout not in LAYOUTS:
