@@ -59,12 +59,17 @@ def step_times(trainer) -> list[float]:
     return [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry]
 
 
-def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: int, out: str, layout: str = "trajectory"):
-    config = EnvGRPOConfig(
+def bench_config(out: str, episodes: int, steps: int, turns: int, reply_tokens: int, **overrides) -> EnvGRPOConfig:
+    """The envhub runs' config: groups of 4 episodes, ``steps`` timed steps after a warm-up one."""
+    return EnvGRPOConfig(
         output_dir=out, env_id=ENV, max_turns=turns, groups_per_step=episodes // 4, group_size=4,
         per_device_train_batch_size=episodes, max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1,
-        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1, sample_layout=layout,
+        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1, **overrides,
     )
+
+
+def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: int, out: str, layout: str = "trajectory"):
+    config = bench_config(out, episodes, steps, turns, reply_tokens, sample_layout=layout)
     trainer = EnvGRPOTrainer(build_model(tokenizer), config, processing_class=tokenizer)
     lengths = []
     rollout = trainer._rollout
@@ -82,11 +87,7 @@ def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: i
 def algorithm_run(tokenizer, algorithm: str, episodes: int, steps: int, turns: int, reply_tokens: int, out: str) -> list[float]:
     """Step times of one estimator on the batches a seeded noisy expert plays (the same for every
     estimator), from a model built with a fixed seed."""
-    config = EnvGRPOConfig(
-        output_dir=out, env_id=ENV, max_turns=turns, groups_per_step=episodes // 4, group_size=4,
-        per_device_train_batch_size=episodes, max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1,
-        report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, format_penalty=-0.1, advantage_estimator=algorithm,
-    )
+    config = bench_config(out, episodes, steps, turns, reply_tokens, advantage_estimator=algorithm)
     generator = ExpertGenerator(tokenizer, epsilon=0.3, seed=0)
     trainer = EnvGRPOTrainer(build_model(tokenizer, seed=0), config, processing_class=tokenizer, generator=generator)
     return step_times(trainer)[1:]
