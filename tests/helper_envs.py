@@ -36,7 +36,7 @@ class FlakyEnv(DiscreteTextEnv):
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         if action == "Boom":
-            raise RuntimeError("boom")
+            return self._boom()
         if action == "Win":
             self.won = True
             return self.render_text(), 1.0, True, {}
@@ -55,36 +55,35 @@ class FlakyEnv(DiscreteTextEnv):
     def expert_action(self) -> str:
         return "Win"
 
+    def _boom(self) -> tuple[str, float, bool, dict[str, Any]]:
+        """What ``Boom`` does; the subclasses below fail in other ways."""
+        raise RuntimeError("boom")
+
 
 class ExitEnv(FlakyEnv):
     """``Boom`` kills the whole process, as a segfaulting native library would."""
 
-    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        if action == "Boom":
-            os._exit(3)
-        return super()._step(action)
+    def _boom(self) -> tuple[str, float, bool, dict[str, Any]]:
+        os._exit(3)
 
 
 class UnpicklableInfoEnv(FlakyEnv):
     """``Boom`` puts a lock in the step's info: fine in-process, unpicklable for a worker's pipe."""
 
-    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        if action == "Boom":
-            import threading
+    def _boom(self) -> tuple[str, float, bool, dict[str, Any]]:
+        import threading
 
-            return self.render_text(), 0.0, False, {"handle": threading.Lock()}
-        return super()._step(action)
+        return self.render_text(), 0.0, False, {"handle": threading.Lock()}
 
 
 class HangEnv(FlakyEnv):
     """``Boom`` sleeps for an hour, as an env stuck on a dead socket would."""
 
-    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        if action == "Boom":
-            import time
+    def _boom(self) -> tuple[str, float, bool, dict[str, Any]]:
+        import time
 
-            time.sleep(3600)
-        return super()._step(action)
+        time.sleep(3600)
+        return super()._boom()
 
 
 class NondeterministicEnv(FlakyEnv):
