@@ -27,6 +27,8 @@ from envhub.trajectory import Trajectory, Turn
 
 #: The sample layouts: one sample per episode, or one per turn with a window of history.
 LAYOUTS = ("trajectory", "step")
+#: The settings an env of a mix may set for itself (``per_env``).
+PER_ENV = ("max_turns", "instructions", "system_prompt", "show_legal_actions")
 
 
 def group_seeds(base_seed: int, epoch: int, num_groups: int) -> list[int]:
@@ -39,7 +41,7 @@ class _Slot:
     """One environment's live state in the manager."""
 
     __slots__ = ("trajectory", "observation", "valid_actions", "expert_action", "state_key",
-                 "max_turns", "context", "next_input", "active")
+                 "max_turns", "renderer", "context", "next_input", "active")
 
     def __init__(self, trajectory: Trajectory):
         self.trajectory = trajectory
@@ -48,6 +50,7 @@ class _Slot:
         self.expert_action: str | None = None
         self.state_key = ""
         self.max_turns: int | None = None
+        self.renderer: ChatRenderer | None = None
         self.context: list[int] = []
         self.next_input: list[int] = []
         self.active = False
@@ -78,6 +81,9 @@ class EnvGroupManager:
             message (a short prompt for a small model); None keeps the environments'.
         show_legal_actions: list the legal actions in each user message.
         executor: where the environments live (default: in this process).
+        per_env: with a mix, settings an env id sets for itself, overriding the arguments above:
+            ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
+            FrozenLake and Sokoban needs two sets of short instructions and turn limits).
     """
 
     def __init__(
@@ -99,6 +105,7 @@ class EnvGroupManager:
         instructions: str | None = None,
         show_legal_actions: bool = True,
         executor: Any | None = None,
+        per_env: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         if isinstance(env_id, str):
             if num_groups is None:
@@ -136,6 +143,21 @@ class EnvGroupManager:
         self.fmt = get_format(action_format) if isinstance(action_format, str) else action_format
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions)
         self.instructions = instructions
+        unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in (per_env or {}).items()}
+        unknown = {i: keys for i, keys in unknown.items() if keys}
+        if unknown or set(per_env or {}) - set(partition):
+            raise ValueError(
+                f"per_env takes, for env ids of the mix {sorted(partition)}, the settings {list(PER_ENV)}; got {dict(per_env or {})}"
+            )
+        defaults = {"max_turns": max_turns, "instructions": instructions, "system_prompt": system_prompt, "show_legal_actions": show_legal_actions}
+        #: Per env id: its turn limit, instructions override and renderer.
+        self._per_env: dict[str, tuple[int | None, str | None, ChatRenderer]] = {}
+        for i in partition:
+            own = {**defaults, **(per_env or {}).get(i, {})}
+            renderer = self.renderer if all(own[k] == defaults[k] for k in ("system_prompt", "show_legal_actions")) else ChatRenderer(
+                self.fmt, own["system_prompt"], own["show_legal_actions"]
+            )
+            self._per_env[i] = (own["max_turns"], own["instructions"], renderer)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
@@ -175,7 +197,9 @@ class EnvGroupManager:
                 trajectory = Trajectory(env_id, group, member, int(seeds[group]), index, self.layout)
                 self._slots.append(_Slot(trajectory))
                 requests.append(
-                    ResetRequest(index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self.max_turns, self.expert_hints)
+                    ResetRequest(
+                        index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self._per_env[env_id][0], self.expert_hints
+                    )
                 )
         for slot, state in zip(self._slots, self.executor.reset(requests)):
             if state.error is not None:
@@ -183,7 +207,8 @@ class EnvGroupManager:
                 continue
             slot.active = True
             slot.max_turns = state.max_turns
-            slot.trajectory.system = self.renderer.system(state.instructions if self.instructions is None else self.instructions)
+            _, instructions, slot.renderer = self._per_env[slot.trajectory.env_id]
+            slot.trajectory.system = slot.renderer.system(state.instructions if instructions is None else instructions)
             self._observe(slot, state)
             if self.tokens is not None:
                 ids = self.tokens.prompt(self._prompt_messages(slot))
@@ -249,7 +274,7 @@ class EnvGroupManager:
         slot.expert_action = state.expert_action
         slot.state_key = state.info["state_key"]
         trajectory = slot.trajectory
-        trajectory.pending_user = self.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
+        trajectory.pending_user = slot.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
 
     def _prompt_messages(self, slot: _Slot) -> list[dict[str, str]]:
         messages = slot.trajectory.messages
@@ -305,7 +330,7 @@ class EnvGroupManager:
         slot.valid_actions = state.valid_actions
         slot.expert_action = state.expert_action
         slot.state_key = info["state_key"]
-        trajectory.pending_user = self.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
+        trajectory.pending_user = slot.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
         if self.tokens is None:
             return
         if self.layout == "trajectory":

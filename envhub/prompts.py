@@ -85,29 +85,39 @@ class PromptSettings:
         return cls(**values)
 
 
+#: The prompt settings an env of a mix may set for itself (the rest shape the model's replies and
+#: its context, so they are one per run).
+ENV_PROMPT_FIELDS = ("instructions", "system_prompt", "show_legal_actions")
+
+
 @dataclass(frozen=True)
 class TrainedOn:
-    """What a checkpoint was trained on: the prompt settings and the environment.
+    """What a checkpoint was trained on: the prompt settings and the environment(s).
 
     Attributes:
         prompt: the prompt settings.
-        env_id: the environment id (None when unknown).
+        env_id: the environment id (the first one of a mix; None when unknown).
         env_kwargs: its ``envhub.make`` keyword arguments.
-        max_turns: the turn limit of training episodes (None: the env's registered one).
+        max_turns: the turn limit of its training episodes (None: the env's registered one).
+        envs: with a mix of environments, each one's ``{"kwargs", "max_turns", "prompt"}``, where
+            ``prompt`` holds its overrides of :data:`ENV_PROMPT_FIELDS`; empty for a single env.
     """
 
     prompt: PromptSettings = field(default_factory=PromptSettings)
     env_id: str | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int | None = None
+    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def save(self, folder: str | Path) -> Path:
         """Write ``envhub.json`` into ``folder`` and return its path."""
         path = Path(folder) / SETTINGS_FILE
-        body = {
+        body: dict[str, Any] = {
             "prompt_settings": self.prompt.manager_kwargs(),
             "env": {"id": self.env_id, "kwargs": dict(self.env_kwargs), "max_turns": self.max_turns},
         }
+        if self.envs:
+            body["envs"] = self.envs
         path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -120,18 +130,28 @@ class TrainedOn:
         try:
             body = json.loads(path.read_text(encoding="utf-8"))
             env = body.get("env") or {}
+            envs = {str(i): dict(entry) for i, entry in (body.get("envs") or {}).items()}
+            for i, entry in envs.items():
+                unknown = sorted(set(entry.get("prompt") or {}) - set(ENV_PROMPT_FIELDS))
+                if unknown:
+                    raise ValueError(f"env {i}: unknown prompt overrides {unknown}; known: {list(ENV_PROMPT_FIELDS)}")
             return cls(
                 prompt=PromptSettings.from_dict(body.get("prompt_settings") or {}),
                 env_id=env.get("id"),
                 env_kwargs=dict(env.get("kwargs") or {}),
                 max_turns=env.get("max_turns"),
+                envs=envs,
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc
 
-    def env_settings_for(self, env_id: str) -> tuple[dict[str, Any], int | None]:
-        """``(env_kwargs, max_turns)`` to play ``env_id`` as in training: the trained ones for the
-        trained env, nothing for another env."""
+    def for_env(self, env_id: str) -> tuple[PromptSettings, dict[str, Any], int | None]:
+        """``(prompt settings, env_kwargs, max_turns)`` to play ``env_id`` as in training: for an
+        env of a mix, the run's prompt settings with that env's overrides; for an env the model
+        did not train on, the run's prompt settings and the env's defaults."""
+        if env_id in self.envs:
+            entry = self.envs[env_id]
+            return self.prompt.replace(**(entry.get("prompt") or {})), dict(entry.get("kwargs") or {}), entry.get("max_turns")
         if env_id == self.env_id:
-            return dict(self.env_kwargs), self.max_turns
-        return {}, None
+            return self.prompt, dict(self.env_kwargs), self.max_turns
+        return self.prompt, {}, None

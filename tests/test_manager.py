@@ -62,6 +62,24 @@ def test_a_mix_of_ids_is_partitioned_by_group(flaky_env):
         EnvGroupManager({LAKE: 2}, num_groups=3)
 
 
+def test_each_env_of_a_mix_gets_its_own_instructions_turn_limit_and_legal_action_list():
+    lake, sokoban = "frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0"
+    manager = EnvGroupManager(
+        {lake: 1, sokoban: 1}, group_size=2, instructions="Reach G.", show_legal_actions=True,
+        per_env={sokoban: {"instructions": "Push X onto O.", "max_turns": 2, "show_legal_actions": False}},
+    )
+    trajectories = rollout(manager, RandomGenerator(seed=1))
+    by_env = {t.env_id: t for t in trajectories}
+    assert by_env[lake].system.startswith("Reach G.") and by_env[sokoban].system.startswith("Push X onto O.")
+    assert "Legal actions" in by_env[lake].turns[0].user and "Legal actions" not in by_env[sokoban].turns[0].user
+    assert all(t.num_turns <= 2 for t in trajectories if t.env_id == sokoban)
+    assert max(t.num_turns for t in trajectories if t.env_id == lake) > 2 or all(t.terminated for t in trajectories if t.env_id == lake)
+    with pytest.raises(ValueError, match="per_env"):
+        EnvGroupManager({lake: 1}, group_size=1, per_env={lake: {"view": "local"}})
+    with pytest.raises(ValueError, match="per_env"):
+        EnvGroupManager({lake: 1}, group_size=1, per_env={sokoban: {"max_turns": 2}})
+
+
 def test_unknown_id_fails_at_construction():
     with pytest.raises(UnknownEnv):
         EnvGroupManager("frozenlake/FrozenLak-v0", 1, 1)
