@@ -58,11 +58,9 @@ def eval_command(
     try:
         path = resolve_model(model_path, [env_id], seed)
         trained = _trained_on(path)
-        prompt = trained.prompt.replace(
-            max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions
-        )
-        env_kwargs, trained_turns = trained.env_settings_for(env_id)
-        for name, (was, now) in prompt.changes_from(trained.prompt).items():
+        trained_prompt, env_kwargs, trained_turns = trained.for_env(env_id)
+        prompt = trained_prompt.replace(max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions)
+        for name, (was, now) in prompt.changes_from(trained_prompt).items():
             click.echo(f"{name}: {now!r} instead of the trained {was!r}", err=True)
         if max_turns is not None and trained_turns is not None and max_turns != trained_turns:
             click.echo(f"max_turns: {max_turns} instead of the trained {trained_turns}", err=True)
@@ -109,7 +107,8 @@ def _trained_on(path: str) -> TrainedOn:
     trained = TrainedOn.load(path)  # None for a hub id or a folder envhub did not write
     if trained is None:
         return TrainedOn()
-    click.echo(f"prompt settings from {Path(path) / SETTINGS_FILE} (trained on {trained.env_id})", err=True)
+    envs = ", ".join(trained.envs) if trained.envs else trained.env_id
+    click.echo(f"prompt settings from {Path(path) / SETTINGS_FILE} (trained on {envs})", err=True)
     return trained
 
 

@@ -4,7 +4,9 @@ Fields are grouped as follows.
 
 Environment:
     ``env_id``, ``env_kwargs``, ``max_turns``, ``format_penalty``, ``action_format``,
-    ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``.
+    ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``;
+    ``envs`` (a mix of environments, :mod:`envhub_trl.mix`) instead of ``env_id``; ``curriculum``
+    (:mod:`envhub_trl.curriculum`).
 Batches:
     ``groups_per_step`` (env groups per generation batch), ``group_size`` (= ``num_generations``,
     members per group, all reset with one seed), ``sample_layout``, ``history_turns``.
@@ -16,7 +18,8 @@ Advantages:
     ``advantage_estimator`` (any name registered in :mod:`envhub_trl.estimators`: ``grpo``,
     ``gigpo``, ``rloo``, ``step_reinforce``), and, under ROLL's names, ``episode_reward_weight``,
     ``step_reward_weight`` (GiGPO's ω; ``step_advantage_weight`` is an alias) and
-    ``step_reward_gamma`` (γ; alias ``step_gamma``); ``advantage_norm`` (``mean`` or ``mean_std``).
+    ``step_reward_gamma`` (γ; alias ``step_gamma``); ``advantage_norm`` (``mean`` or ``mean_std``) and
+    ``advantage_norm_scope`` (``group``, ``env`` or ``batch``).
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S).
@@ -31,7 +34,9 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from envhub_trl.estimators import ESTIMATORS, EstimatorSettings
+from envhub_trl.curriculum import Curriculum
+from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, EstimatorSettings
+from envhub_trl.mix import EnvEntry, parse_envs
 
 from envhub.executors import EXECUTORS
 from envhub.prompts import PromptSettings, TrainedOn
@@ -51,7 +56,24 @@ class EnvGRPOConfig(GRPOConfig):
     ``generation_batch_size`` is set from ``groups_per_step * group_size`` unless given.
     """
 
-    env_id: str = field(default="frozenlake/FrozenLake-v0", metadata={"help": "The environment id to train on (see `envhub list`)."})
+    env_id: str | None = field(
+        default=None,
+        metadata={"help": "The environment id to train on (see `envhub list`); None: frozenlake/FrozenLake-v0, or the first env of `envs`."},
+    )
+    envs: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "A mix of environments instead of env_id: env id -> {groups_per_step or weight, env_kwargs, max_turns, "
+            "instructions, system_prompt, show_legal_actions}; each env group is one env (see envhub_trl.mix)."
+        },
+    )
+    curriculum: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "A training curriculum: {horizon: {step: max_turns}, stages: [{env_kwargs, max_turns}], advance_at, window, env} "
+            "(see envhub_trl.curriculum)."
+        },
+    )
     env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
     max_turns: int | None = field(default=None, metadata={"help": "Turn limit of every episode; None keeps the env's registered limit."})
     format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
@@ -136,6 +158,14 @@ class EnvGRPOConfig(GRPOConfig):
     advantage_norm: str = field(
         default="mean_std", metadata={"help": "`mean` (subtract the group mean) or `mean_std` (also divide by the group std)."}
     )
+    advantage_norm_scope: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where advantages are normalised: `group` (each env group), `env` (all groups of one env of a mix, as ROLL's "
+            "per-tag and AgentRL's per-task normalisation), `batch`; None: each estimator's own (group for grpo, gigpo and rloo; "
+            "batch for step_reinforce, reinforce++ and ppo)."
+        },
+    )
     filter_tied_groups: bool = field(
         default=False, metadata={"help": "Drop (mask out of the loss) groups whose members' returns all tie."}
     )
@@ -159,9 +189,35 @@ class EnvGRPOConfig(GRPOConfig):
             format_penalty=self.format_penalty,
         )
 
+    def env_entries(self) -> list[EnvEntry]:
+        """The run's environments, each with its groups per generation batch and its own settings
+        (one entry without ``envs``)."""
+        return list(self._entries)
+
+    def manager_kwargs_for(self, entry: EnvEntry) -> dict[str, Any]:
+        """The single-env :class:`~envhub.manager.EnvGroupManager` keyword arguments of one env
+        of the run (held-out evaluation, the warm start, reference policies)."""
+        return {
+            **self.prompt_settings().replace(**entry.prompt).manager_kwargs(),
+            "max_turns": entry.max_turns if entry.max_turns is not None else self.max_turns,
+            "env_kwargs": dict(entry.env_kwargs),
+            "layout": self.sample_layout,
+        }
+
+    def curriculum_schedule(self) -> Curriculum | None:
+        """The parsed ``curriculum`` (None without one)."""
+        return None if self.curriculum is None else Curriculum.from_mapping(self.curriculum, [e.env_id for e in self._entries])
+
     def trained_on(self) -> TrainedOn:
-        """The prompt settings and the environment of this run, as a checkpoint records them."""
-        return TrainedOn(self.prompt_settings(), self.env_id, dict(self.env_kwargs or {}), self.max_turns)
+        """The prompt settings and the environment(s) of this run, as a checkpoint records them."""
+        first = self._entries[0]
+        envs = {}
+        if self.envs is not None:
+            envs = {
+                e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": e.max_turns if e.max_turns is not None else self.max_turns, "prompt": dict(e.prompt)}
+                for e in self._entries
+            }
+        return TrainedOn(self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs)
 
     def estimator_settings(self) -> EstimatorSettings:
         """What the advantage estimators read (:mod:`envhub_trl.estimators`)."""
@@ -170,19 +226,16 @@ class EnvGRPOConfig(GRPOConfig):
             step_reward_weight=self.step_reward_weight,
             step_reward_gamma=self.step_reward_gamma,
             norm=self.advantage_norm,
+            norm_scope=self.advantage_norm_scope,
             kl_coef=self.kl_coef,
             gamma=self.gamma,
             lam=self.lam,
         )
 
     def manager_kwargs(self) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments these settings imply."""
-        return {
-            **self.prompt_settings().manager_kwargs(),
-            "max_turns": self.max_turns,
-            "env_kwargs": self.env_kwargs,
-            "layout": self.sample_layout,
-        }
+        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a single-env run
+        (``env_id``'s; :meth:`manager_kwargs_for` gives any env of a mix)."""
+        return self.manager_kwargs_for(self._entries[0])
 
     def _pick_device_defaults(self) -> None:
         """CPU or accelerator, and bf16 or fp32, from the machine when the config leaves them unset.
@@ -199,7 +252,22 @@ class EnvGRPOConfig(GRPOConfig):
         if self.bf16 is None and not self.fp16:
             self.bf16 = bool(not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 
+    def _parse_envs(self) -> None:
+        """Check ``env_id``/``envs`` and set ``_entries`` (and ``groups_per_step`` for a mix)."""
+        if self.envs is None:
+            self.env_id = self.env_id or "frozenlake/FrozenLake-v0"
+            groups = self.groups_per_step or 0
+            self._entries = [EnvEntry(self.env_id, groups, dict(self.env_kwargs or {}), None, {})]
+            return
+        if self.env_kwargs:
+            raise ValueError("env_kwargs is for a single env_id; with envs, give each env its env_kwargs")
+        self._entries, self.groups_per_step = parse_envs(self.envs, self.groups_per_step)
+        if self.env_id is not None and self.env_id not in self.envs:
+            raise ValueError(f"set env_id or envs, not both (env_id {self.env_id!r} is not one of envs)")
+        self.env_id = self._entries[0].env_id
+
     def __post_init__(self) -> None:
+        self._parse_envs()
         if self.group_size is not None:
             self.num_generations = self.group_size
         self.group_size = self.num_generations
@@ -225,6 +293,9 @@ class EnvGRPOConfig(GRPOConfig):
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
+        if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:
+            raise ValueError(f"advantage_norm_scope must be one of {NORM_SCOPES} (or unset), got {self.advantage_norm_scope!r}")
+        self.curriculum_schedule()  # a bad curriculum fails here, naming its field
         if self.env_executor not in EXECUTORS:
             raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
         if self.generator not in GENERATORS:

@@ -102,6 +102,12 @@ class EstimatorSettings:
         step_reward_weight: the weight of the step-level advantage (GiGPO's ω).
         step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
         norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
+        norm_scope: over which episodes they are normalised: ``"group"`` (each env group),
+            ``"env"`` (every group of one env id: ROLL's per-tag, AgentRL's per-task
+            normalisation for multi-env runs) or ``"batch"``; None for each estimator's own
+            (``group`` for ``grpo``, ``gigpo``'s episode level and ``rloo``; ``batch`` for
+            ``step_reinforce``, ``reinforce++`` and ``ppo``). GiGPO's step level always
+            normalises within anchor-state groups.
         kl_coef: REINFORCE++'s β, the weight of the per-token KL penalty folded into the reward.
         gamma: PPO's discount per turn (GAE's γ).
         lam: PPO's GAE λ.
@@ -111,6 +117,7 @@ class EstimatorSettings:
     step_reward_weight: float = 1.0
     step_reward_gamma: float = 0.95
     norm: Norm = "mean_std"
+    norm_scope: str | None = None
     kl_coef: float = 0.01
     gamma: float = 1.0
     lam: float = 0.95
@@ -122,6 +129,21 @@ ESTIMATORS: dict[str, Estimator] = {}
 #: The score-stage fields of :class:`TurnBatch` each estimator needs (per token, or per turn for ``values``).
 NEEDS: dict[str, tuple[str, ...]] = {}
 SCORE_FIELDS = ("logps", "ref_logps", "values")
+#: Where advantages may be normalised (``EstimatorSettings.norm_scope``).
+NORM_SCOPES = ("group", "env", "batch")
+
+
+def scope_labels(batch: TurnBatch, scope: str | None, default: str) -> np.ndarray:
+    """Per episode, the label of the set its advantage is normalised over: its env group, its env
+    id, or one set for the batch (``scope``, or ``default`` when None)."""
+    scope = scope or default
+    if scope == "group":
+        return np.asarray(batch.traj_groups)
+    if scope == "env":
+        return np.unique(batch.env_ids.astype(str), return_inverse=True)[1]
+    if scope == "batch":
+        return np.zeros(batch.num_episodes, dtype=np.int64)
+    raise ValueError(f"norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
 
 
 def register(name: str, needs: Sequence[str] = ()) -> Callable[[Estimator], Estimator]:
@@ -162,7 +184,8 @@ def estimate(name: str, batch: TurnBatch, settings: EstimatorSettings | None = N
 @register("grpo")
 def grpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
     """GRPO: each episode's return normalised within its env group, on every one of its turns."""
-    return {"advantages": grpo_advantages(batch.returns, batch.traj_groups, settings.norm)[batch.traj_index]}
+    labels = scope_labels(batch, settings.norm_scope, "group")
+    return {"advantages": grpo_advantages(batch.returns, labels, settings.norm)[batch.traj_index]}
 
 
 @register("gigpo")
@@ -173,16 +196,19 @@ def gigpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray
         batch.rewards, batch.traj_index, batch.step_index, batch.traj_groups, batch.state_keys,
         step_weight=settings.step_reward_weight, gamma=settings.step_reward_gamma, norm=settings.norm,
     )
-    advantages = settings.episode_reward_weight * out["episode"][batch.traj_index] + settings.step_reward_weight * out["step"]
+    episode = out["episode"]
+    if settings.norm_scope not in (None, "group"):
+        episode = grpo_advantages(batch.returns, scope_labels(batch, settings.norm_scope, "group"), settings.norm)
+    advantages = settings.episode_reward_weight * episode[batch.traj_index] + settings.step_reward_weight * out["step"]
     return {"advantages": advantages, "anchor_size": out["anchor_size"]}
 
 
 @register("rloo")
 def rloo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
     """RLOO (Ahmadian et al., 2024): each episode's return minus the mean return of the *other*
-    members of its env group; 0 in a group of one. Not divided by a std."""
+    members of its env group (or of its ``norm_scope`` set); 0 in a group of one. Not divided by a std."""
     returns = batch.returns
-    _, labels, counts = np.unique(batch.traj_groups, return_inverse=True, return_counts=True)
+    _, labels, counts = np.unique(scope_labels(batch, settings.norm_scope, "group"), return_inverse=True, return_counts=True)
     totals = np.bincount(labels, weights=returns)
     others = counts[labels] - 1
     baseline = np.divide(totals[labels] - returns, others, out=np.zeros_like(returns), where=others > 0)
@@ -193,20 +219,29 @@ def rloo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]
 @register("step_reinforce")
 def step_reinforce(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-6) -> dict[str, np.ndarray]:
     """ROLL's ``step_reinforce``: each turn's discounted return to the episode's end
-    (``step_reward_gamma``), normalised over the whole batch (mean, and std with ``mean_std``);
-    no group baseline, so env groups may have any size."""
+    (``step_reward_gamma``), normalised over the whole batch (or ``norm_scope``'s sets: mean, and
+    the unbiased std with ``mean_std``); no group baseline, so env groups may have any size."""
     returns = discounted_returns(batch.rewards, batch.traj_index, batch.step_index, settings.step_reward_gamma)
-    centred = returns - returns.mean() if len(returns) else returns
-    if settings.norm == "mean_std" and len(returns) > 1:
-        centred = centred / (returns.std(ddof=1) + eps)
+    labels = scope_labels(batch, settings.norm_scope, "batch")[batch.traj_index]
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    centred = returns - (np.bincount(codes, weights=returns) / counts)[codes] if len(returns) else returns
+    if settings.norm == "mean_std":
+        std = np.sqrt(np.bincount(codes, weights=centred**2) / np.maximum(counts - 1, 1))[codes]
+        centred = np.where(counts[codes] > 1, centred / (std + eps), centred)
     return {"advantages": centred}
 
 
-def _whiten(values: np.ndarray, eps: float) -> np.ndarray:
+def _whiten(values: np.ndarray, eps: float, labels: np.ndarray | None = None) -> np.ndarray:
     """``values`` less their mean, over their (population) std + ``eps`` where there are two or
-    more: OpenRLHF's and verl's whitening over a whole batch."""
-    centred = values - values.mean() if len(values) else values
-    return centred / (values.std() + eps) if len(values) > 1 else centred
+    more: OpenRLHF's and verl's whitening over a whole batch; with ``labels``, within each label's
+    set instead."""
+    if labels is None or not len(values):
+        centred = values - values.mean() if len(values) else values
+        return centred / (values.std() + eps) if len(values) > 1 else centred
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    centred = values - (np.bincount(codes, weights=values) / counts)[codes]
+    std = np.sqrt(np.bincount(codes, weights=centred**2) / counts)[codes]
+    return np.where(counts[codes] > 1, centred / (std + eps), centred)
 
 
 @register("reinforce++", needs=("logps", "ref_logps"))
@@ -233,7 +268,8 @@ def reinforce_plus_plus(batch: TurnBatch, settings: EstimatorSettings, eps: floa
     after_episode = np.r_[to_go[1:], 0.0][ends]  # what follows each episode's last token
     episode_of = np.cumsum(np.r_[0, episode[1:] != episode[:-1]]) if len(episode) else episode
     returns = to_go - after_episode[episode_of]
-    return {"token_advantages": _whiten(returns, eps), "kl": kl}
+    labels = scope_labels(batch, settings.norm_scope, "batch")[episode] if settings.norm_scope not in (None, "batch") else None
+    return {"token_advantages": _whiten(returns, eps, labels), "kl": kl}
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, traj_index: np.ndarray, step_index: np.ndarray, gamma: float, lam: float) -> np.ndarray:
@@ -259,4 +295,5 @@ def ppo(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dic
     """
     advantages = gae(batch.rewards, batch.values, batch.traj_index, batch.step_index, settings.gamma, settings.lam)
     returns = advantages + np.asarray(batch.values, dtype=np.float64)
-    return {"advantages": _whiten(advantages, eps), "returns": returns}
+    labels = scope_labels(batch, settings.norm_scope, "batch")[batch.traj_index] if settings.norm_scope not in (None, "batch") else None
+    return {"advantages": _whiten(advantages, eps, labels), "returns": returns}

@@ -15,13 +15,21 @@ import numpy as np
 from envhub.trajectory import Trajectory, batch_metrics
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], keep: np.ndarray, anchor_size: np.ndarray | None = None) -> dict[str, float]:
+#: The metrics logged per env of a mix too, as ``env/<env id>/<name>``.
+PER_ENV_METRICS = ("success_rate", "mean_return", "invalid_action_rate", "mean_turns", "truncated_rate")
+
+
+def rollout_metrics(
+    trajectories: Sequence[Trajectory], keep: np.ndarray, anchor_size: np.ndarray | None = None, per_env: bool = False
+) -> dict[str, float]:
     """The ``env/`` metrics of one generation batch (every process's episodes, global group ids).
 
     Args:
         trajectories: the batch's episodes.
         keep: per trajectory, whether group filtering kept it.
         anchor_size: per turn, the size of its GiGPO anchor group (None for GRPO).
+        per_env: also log :data:`PER_ENV_METRICS` per env id (``env/<id>/success_rate``...), for
+            a run on a mix of envs.
     """
     metrics = batch_metrics(trajectories)
     out = {
@@ -35,6 +43,10 @@ def rollout_metrics(trajectories: Sequence[Trajectory], keep: np.ndarray, anchor
         "env/truncated_rate": metrics["truncated_rate"],
         "env/kept_fraction": float(np.mean(keep)),
     }
+    if per_env:
+        for env_id in dict.fromkeys(t.env_id for t in trajectories):
+            own = batch_metrics([t for t in trajectories if t.env_id == env_id])
+            out.update({f"env/{env_id}/{name}": own[name] for name in PER_ENV_METRICS})
     if anchor_size is not None and len(anchor_size):
         out["env/anchor_size"] = float(np.mean(anchor_size))
         out["env/singleton_anchor_rate"] = float(np.mean(np.asarray(anchor_size) == 1))

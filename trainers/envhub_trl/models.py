@@ -207,12 +207,17 @@ def resolve_model(name: str, env_ids: Sequence[str] | None = None, seed: int = 0
 
 
 def load_model_and_tokenizer(
-    name: str, env_ids: Sequence[str] | None = None, seed: int = 0, env_kwargs: dict[str, Any] | None = None
+    name: str,
+    env_ids: Sequence[str] | None = None,
+    seed: int = 0,
+    env_kwargs: dict[str, Any] | None = None,
+    kwargs_by_env: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[Any, Any]:
     """The transformers model and tokenizer ``name`` names (see :func:`resolve_model`).
 
     ``tiny`` is built in memory, its tokenizer trained on the text of ``env_ids`` made with
-    ``env_kwargs`` (an observation view changes the text) and its weights seeded with ``seed``.
+    ``env_kwargs`` (an observation view changes the text; ``kwargs_by_env`` gives each env of a
+    mix its own) and its weights seeded with ``seed``.
 
     Raises:
         ModelNotFound: if ``name`` names no model, or a hub id cannot be had (offline, not cached).
@@ -220,7 +225,7 @@ def load_model_and_tokenizer(
     if name == TINY:
         from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
 
-        tokenizer = build_tokenizer(environment_corpus(env_ids, env_kwargs=env_kwargs))
+        tokenizer = build_tokenizer(environment_corpus(env_ids, env_kwargs=env_kwargs, kwargs_by_env=kwargs_by_env))
         return build_model(tokenizer, seed=seed), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

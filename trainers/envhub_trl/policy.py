@@ -79,6 +79,6 @@ def load_model_policy(name: str, env_id: str | None = None, seed: int | None = N
     env_ids = [env_id] if env_id else None
     path = resolve_model(name, env_ids, seed or 0)
     trained = TrainedOn.load(path) or TrainedOn()
-    env_kwargs, max_turns = trained.env_settings_for(env_id) if env_id else ({}, None)
+    prompt, env_kwargs, max_turns = trained.for_env(env_id) if env_id else (trained.prompt, {}, None)
     generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
-    return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed), trained.prompt, env_kwargs, max_turns)
+    return ModelPolicy(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed), prompt, env_kwargs, max_turns)

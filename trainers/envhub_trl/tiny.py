@@ -34,18 +34,23 @@ CHAT_TEMPLATE = (
 
 
 def environment_corpus(
-    env_ids: Iterable[str] | None = None, seeds: int = 8, turns: int = 6, env_kwargs: dict[str, Any] | None = None
+    env_ids: Iterable[str] | None = None,
+    seeds: int = 8,
+    turns: int = 6,
+    env_kwargs: dict[str, Any] | None = None,
+    kwargs_by_env: dict[str, dict[str, Any]] | None = None,
 ) -> Iterator[str]:
     """Yield text the environments produce: chat-rendered instructions, observations and replies.
 
     Each environment plays ``seeds`` short episodes of its expert (or its first legal action) so the
     tokenizer sees the states an agent meets. Environments that fail to make are skipped.
-    ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text).
+    ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text);
+    ``kwargs_by_env`` gives some envs their own instead.
     """
     renderer = ChatRenderer(FORMATS["answer"])
     for env_id in env_ids if env_ids is not None else list(envhub.registry):
         try:
-            env = envhub.make(env_id, **(env_kwargs or {}))
+            env = envhub.make(env_id, **(kwargs_by_env or {}).get(env_id, env_kwargs or {}))
         except Exception:  # a broken plugin must not stop the tokenizer from being built
             continue
         yield f"{IM_START}system\n{renderer.system(env.instructions)}{IM_END}\n"

@@ -66,42 +66,61 @@ def split_warm_start(values: dict[str, Any], source: str | None = None, override
         raise click.ClickException(f"{source or 'config'}: {exc}") from exc
 
 
-def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, float]]:
-    """Held-out metrics of the greedy policy and of the policy sampled as in training (echoed to stderr)."""
-    metrics = {
-        "greedy": trainer.evaluate_env(label=f"held-out, {stage}, greedy"),
-        "sampled": trainer.evaluate_env(greedy=False, label=f"held-out, {stage}, sampled"),
-    }
-    click.echo(
-        f"held-out success, {stage}: {metrics['greedy']['success_rate']:.1%} greedy, {metrics['sampled']['success_rate']:.1%} sampled",
-        err=True,
-    )
-    return metrics
+def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Per env of the run, held-out metrics of the greedy policy and of the policy sampled as in
+    training (echoed to stderr)."""
+    out = {}
+    for entry in trainer.args.env_entries():
+        name = f"{stage}, {entry.env_id}" if len(trainer.args.env_entries()) > 1 else stage
+        metrics = {
+            "greedy": trainer.evaluate_env(label=f"held-out, {name}, greedy", env=entry),
+            "sampled": trainer.evaluate_env(greedy=False, label=f"held-out, {name}, sampled", env=entry),
+        }
+        click.echo(
+            f"held-out success, {name}: {metrics['greedy']['success_rate']:.1%} greedy, {metrics['sampled']['success_rate']:.1%} sampled",
+            err=True,
+        )
+        out[entry.env_id] = metrics
+    return out
 
 
-def _references(trainer: Any) -> tuple[dict[str, float], Any]:
+def _mean_over_envs(per_env: dict[str, Any]) -> Any:
+    """The mean of numbers at the same place in each env's nested mapping (keys all envs share)."""
+    values = list(per_env.values())
+    if len(values) == 1:
+        return values[0]
+    if all(isinstance(v, dict) for v in values):
+        shared = [k for k in values[0] if all(k in v for v in values[1:])]
+        return {k: _mean_over_envs({i: v[k] for i, v in zip(per_env, values)}) for k in shared}
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return float(sum(values) / len(values))
+    return None
+
+
+def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
     """The reference policies on the same held-out seeds (the scale of the table, see
     :func:`envhub.baselines.reference_policies`), and the open-loop search behind one of them
-    (None where the env has no finite action list). Random and expert play through
-    ``evaluate_env``, under the training prompt settings."""
+    (None where the env has no finite action list), for one env of the run. Random and expert
+    play through ``evaluate_env``, under the training prompt settings."""
     from envhub.baselines import best_open_loop, reference_policies
     from envhub.error import PolicyError
     from envhub_trl.evaluation import held_out_seeds
 
     args = trainer.args
     seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
+    settings = args.manager_kwargs_for(entry)
     searched = time.perf_counter()
     try:
-        open_loop = best_open_loop(args.env_id, seeds, args.max_turns, args.env_kwargs)
+        open_loop = best_open_loop(entry.env_id, seeds, settings["max_turns"], settings["env_kwargs"])
     except PolicyError:
         open_loop = None
     else:
         how = "exhaustive" if open_loop.exhaustive else f"beam of {open_loop.beam_width}"
         click.echo(f"open-loop search: {open_loop.joint_states} joint states ({how}) in {time.perf_counter() - searched:.1f}s", err=True)
     references = reference_policies(
-        args.env_id, seeds, max_turns=args.max_turns, env_kwargs=args.env_kwargs, seed=args.seed,
+        entry.env_id, seeds, max_turns=settings["max_turns"], env_kwargs=settings["env_kwargs"], seed=args.seed,
         tokenizer=trainer.processing_class, open_loop=open_loop,
-        play=lambda generator: trainer.evaluate_env(seeds, generator=generator)["success_rate"],
+        play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry)["success_rate"],
     )
     return references, open_loop
 
@@ -123,9 +142,16 @@ def _periodic_evaluation(trainer: Any) -> Any:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step % every == 0 and state.global_step < state.max_steps:
-                rate = trainer.evaluate_env(label=f"held-out at step {state.global_step}, greedy")["success_rate"]
-                self.points.append({"step": state.global_step, "greedy": rate})
-                click.echo(f"held-out success at step {state.global_step}: {rate:.1%} greedy", err=True)
+                entries = trainer.args.env_entries()
+                rates = {
+                    e.env_id: trainer.evaluate_env(label=f"held-out at step {state.global_step}, {e.env_id}, greedy", env=e)["success_rate"]
+                    for e in entries
+                }
+                point = {"step": state.global_step, "greedy": sum(rates.values()) / len(rates)}
+                if len(entries) > 1:
+                    point["per_env"] = rates
+                self.points.append(point)
+                click.echo(f"held-out success at step {state.global_step}: {point['greedy']:.1%} greedy", err=True)
 
     callback = HeldOutEvaluation()
     trainer.add_callback(callback)
@@ -175,50 +201,74 @@ def run_training(
         args = EnvGRPOConfig(**values)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
+    entries = args.env_entries()
     try:
-        model, tokenizer = load_model_and_tokenizer(model_name, [args.env_id], args.seed, env_kwargs=args.env_kwargs)
+        model, tokenizer = load_model_and_tokenizer(
+            model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries}
+        )
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
         if warm_start.steps:
             click.echo(f"warm start: {warm_start.describe()}", err=True)
-            warm_start.run(model, tokenizer, args.env_id, args.seed, **args.manager_kwargs())
+            warm_start.run_on(model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed)
             trainer.weights_changed()  # a vLLM generator still holds the initial weights
             evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
         periodic = _periodic_evaluation(trainer)
         trainer.train()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
-        references, open_loop = _references(trainer)
+        searched = {e.env_id: _references(trainer, e) for e in entries}
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
     start_key = STAGES[1] if warm_start.steps else STAGES[0]
     end = trainer.state.global_step
-    gain = {mode: evaluations[STAGES[2]][mode]["success_rate"] - evaluations[start_key][mode]["success_rate"] for mode in ("greedy", "sampled")}
-    over_open_loop = None if open_loop is None else {
-        mode: evaluations[STAGES[2]][mode]["success_rate"] - open_loop.success_rate for mode in ("greedy", "sampled")
+    per_env = {}
+    for entry in entries:
+        own = {stage: by_env[entry.env_id] for stage, by_env in evaluations.items()}
+        references, open_loop = searched[entry.env_id]
+        per_env[entry.env_id] = {
+            "evaluations": own,
+            "references": references,
+            "open_loop_actions": None if open_loop is None else list(open_loop.actions),
+            "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
+            "open_loop_description": None if open_loop is None else open_loop.describe(),
+            "rl_success_gain": {m: own[STAGES[2]][m]["success_rate"] - own[start_key][m]["success_rate"] for m in ("greedy", "sampled")},
+            "gain_over_open_loop": None if open_loop is None else {
+                m: own[STAGES[2]][m]["success_rate"] - open_loop.success_rate for m in ("greedy", "sampled")
+            },
+        }
+    # One env: its figures; a mix: the mean over its envs (each env's are under per_env).
+    summary = per_env[entries[0].env_id] if len(entries) == 1 else {
+        key: _mean_over_envs({i: figures[key] for i, figures in per_env.items()})
+        for key in ("evaluations", "references", "rl_success_gain", "gain_over_open_loop")
     }
+    if len(entries) > 1:
+        summary = {**summary, "open_loop_actions": None, "open_loop_exhaustive": None, "open_loop_description": None}
     results = {
         "env_id": args.env_id,
+        "env_ids": [e.env_id for e in entries],
         "model": model_name,
         "advantage_estimator": args.advantage_estimator,
         "held_out_episodes": args.eval_episodes,
         "held_out_seed_offset": args.eval_seed_offset,
         "sampling": _sampling_text(args),
-        "evaluations": evaluations,
-        "references": references,
-        "open_loop_actions": None if open_loop is None else list(open_loop.actions),
-        "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
-        "open_loop_description": None if open_loop is None else open_loop.describe(),
-        "rl_success_gain": gain,
-        "gain_over_open_loop": over_open_loop,
+        "evaluations": summary["evaluations"],
+        "references": summary["references"] or {},
+        "open_loop_actions": summary["open_loop_actions"],
+        "open_loop_exhaustive": summary["open_loop_exhaustive"],
+        "open_loop_description": summary["open_loop_description"],
+        "rl_success_gain": summary["rl_success_gain"],
+        "gain_over_open_loop": summary["gain_over_open_loop"],
+        "per_env": per_env,
         "rl_steps": end - before_rl,
         "warm_start_steps": warm_start.steps,
         "warm_start": dataclasses.asdict(warm_start),
         "held_out_curve": periodic.points if periodic is not None else [],
         "training_curve": [
-            {"step": entry["step"], "success_rate": entry["env/success_rate"]}
+            {"step": entry["step"], "success_rate": entry["env/success_rate"],
+             **{k.removeprefix("env/").removesuffix("/success_rate"): entry[k] for k in entry if k.endswith("/success_rate") and k.count("/") > 1}}
             for entry in trainer.state.log_history
             if "env/success_rate" in entry
         ],
@@ -228,21 +278,43 @@ def run_training(
     (out / "results.json").write_text(json.dumps(results, indent=2))
     # Drawn last: the figures are in results.json whatever happens to plotting.
     how = results["sampling"]
-    plot_learning_curve(
-        trainer.state.log_history,
-        out / "learning_curve.png",
-        {
-            "held-out, greedy": {before_rl: evaluations[start_key]["greedy"]["success_rate"], end: evaluations[STAGES[2]]["greedy"]["success_rate"]},
-            f"held-out, sampled ({how})": {
-                before_rl: evaluations[start_key]["sampled"]["success_rate"], end: evaluations[STAGES[2]]["sampled"]["success_rate"],
-            },
-            **({f"held-out, greedy, every {args.eval_steps:g} steps": {p["step"]: p["greedy"] for p in periodic.points}}
-               if periodic is not None and periodic.points else {}),
-            **{f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in references.items()},
-        },
-        title=f"{args.env_id}, {args.advantage_estimator}",
-    )
+    marks: dict[str, dict[str, dict[int, float]]] = {}
+    for env_id, figures in per_env.items() if len(entries) > 1 else [("", summary)]:
+        own, start = figures["evaluations"], figures["evaluations"][start_key]
+        panel = marks.setdefault(env_id, {})
+        panel["held-out, greedy"] = {before_rl: start["greedy"]["success_rate"], end: own[STAGES[2]]["greedy"]["success_rate"]}
+        panel[f"held-out, sampled ({how})"] = {before_rl: start["sampled"]["success_rate"], end: own[STAGES[2]]["sampled"]["success_rate"]}
+        if periodic is not None and periodic.points:
+            panel[f"held-out, greedy, every {args.eval_steps:g} steps"] = {
+                p["step"]: p["per_env"][env_id] if env_id else p["greedy"] for p in periodic.points
+            }
+        panel.update({f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in figures["references"].items()})
+    plot_learning_curve(trainer.state.log_history, out / "learning_curve.png", marks, title=f"{' + '.join(results['env_ids'])}, {args.advantage_estimator}")
     return results
+
+
+def _print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> None:
+    """One env's table (held-out stages, then the reference policies) and its RL gains."""
+    from envhub.cli import table
+
+    evaluations, references = figures["evaluations"], figures["references"] or {}
+    click.echo(f"\n{name}: success on {results['held_out_episodes']} held-out seeds, greedy and sampled ({results['sampling']})\n")
+    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
+    rows = [_row(stage, m) for stage, m in evaluations.items()]
+    rows += [[ref, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for ref, rate in references.items()]
+    click.echo(table(rows, headers))
+    if figures.get("open_loop_description") is not None:
+        click.echo(f"\nopen-loop: {figures['open_loop_description']}")
+    gain, over = figures["rl_success_gain"], figures["gain_over_open_loop"]
+    click.echo(
+        f"\nRL phase ({results['rl_steps']} steps, {results['advantage_estimator']}): {gain['greedy'] * 100:+.1f} points of greedy success, "
+        f"{gain['sampled'] * 100:+.1f} points of sampled success"
+    )
+    if over is not None and "open-loop" in references:
+        click.echo(
+            f"learned policy over the best open-loop policy ({references['open-loop']:.1%}): "
+            f"{over['greedy'] * 100:+.1f} points greedy, {over['sampled'] * 100:+.1f} points sampled"
+        )
 
 
 def _sampling_text(args: Any) -> str:
@@ -274,8 +346,6 @@ def train_command(
     KEY=VALUE arguments override the config file's fields, as Hydra's do (max_steps=200
     learning_rate=1e-5 warm_start.steps=100), with the same type checks."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from envhub.cli import table
-
     values = load_config_file(config_file, overrides)
     if env_id is not None:
         values["env_id"] = env_id
@@ -287,23 +357,10 @@ def train_command(
     flags = {"steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon}
     warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})
     results = run_training(values, model_name, warm_start=warm_start)
-    evaluations, references = results["evaluations"], results["references"]
-    click.echo(f"\n{results['env_id']}: success on {results['held_out_episodes']} held-out seeds, greedy and sampled ({results['sampling']})\n")
-    headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
-    rows = [_row(stage, m) for stage, m in evaluations.items()]
-    rows += [[name, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for name, rate in references.items()]
-    click.echo(table(rows, headers))
-    if results["open_loop_description"] is not None:
-        click.echo(f"\nopen-loop: {results['open_loop_description']}")
-    gain, over = results["rl_success_gain"], results["gain_over_open_loop"]
-    click.echo(
-        f"\nRL phase ({results['rl_steps']} steps, {results['advantage_estimator']}): {gain['greedy'] * 100:+.1f} points of greedy success, "
-        f"{gain['sampled'] * 100:+.1f} points of sampled success"
-    )
-    if over is not None:
-        click.echo(
-            f"learned policy over the best open-loop policy ({references['open-loop']:.1%}): "
-            f"{over['greedy'] * 100:+.1f} points greedy, {over['sampled'] * 100:+.1f} points sampled"
-        )
+    per_env = results["per_env"]
+    for env_id, figures in per_env.items():
+        _print_env(env_id, figures, results)
+    if len(per_env) > 1:
+        _print_env(f"mean over {len(per_env)} envs", results, results)
     out = Path(output_dir)
     click.echo(f"learning curve: {out / 'learning_curve.png'}\nmodel: {out / 'final'}\ntotal time: {results['seconds'] / 60:.1f} min")

@@ -4,9 +4,11 @@ How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_sco
 
 1. The dataset is a column of env seeds; TRL's sampler repeats each row ``num_generations`` times
    in a row, so each run of equal seeds is one env group.
-2. One environment per row is reset with the row's seed (members of a group share it, hence their
-   initial state) and every episode is played with the generator, through
-   :class:`~envhub.manager.EnvGroupManager`.
+2. Play: :class:`~envhub.manager.EnvGroupManager` resets each env group's ``group_size`` members
+   with the group's seed (hence one initial state) and plays every episode with the generator.
+   The batch's groups take the run's envs in order (``envs:``, :mod:`envhub_trl.mix`: each group
+   is one env); a curriculum (:mod:`envhub_trl.curriculum`) sets the current stage's env
+   arguments and turn limit.
 3. Gather: the episodes of every process are gathered (a group may straddle processes); the
    group filter, which reads returns alone, marks dropped groups.
 4. The episodes become TRL rows, handed to TRL through its ``rollout_func`` hook: in the
@@ -30,6 +32,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -49,11 +52,13 @@ from envhub.registration import spec
 from envhub.rollout import Sample, Trajectory, batch_columns, rollout
 from envhub_trl.advantages import select_groups
 from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.curriculum import CurriculumState
 from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
 from envhub_trl.estimators import NEEDS, TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
 from envhub_trl.metrics import rollout_metrics
+from envhub_trl.mix import EnvEntry, group_env_ids
 from envhub_trl.rollout_batch import (
     check_has_turns,
     episode_return,
@@ -104,7 +109,8 @@ class EnvGRPOTrainer(GRPOTrainer):
             args = EnvGRPOConfig(output_dir="envhub-grpo")
         if not isinstance(args, EnvGRPOConfig):
             raise TypeError(f"EnvGRPOTrainer needs an EnvGRPOConfig, got {type(args).__name__}")
-        spec(args.env_id)  # an unknown id fails here, with suggestions
+        for entry in args.env_entries():
+            spec(entry.env_id)  # an unknown id fails here, with suggestions
         if train_dataset is None:
             train_dataset = seed_dataset(args.num_train_seeds)
         elif "env_seed" not in train_dataset.column_names:
@@ -123,6 +129,10 @@ class EnvGRPOTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         self._manager: EnvGroupManager | None = None
+        self._manager_key: Any = None
+        schedule = args.curriculum_schedule()
+        self.curriculum: CurriculumState | None = CurriculumState(schedule) if schedule is not None else None
+        self._curriculum_restored = False
         self._generator: Generator | None = generator
         self._synced_step = -1
         self._batch_seeds: list[int] = []
@@ -185,18 +195,50 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._synced_step = self.state.global_step  # it starts from the current weights
         return engine
 
-    def _manager_for(self, num_rows: int) -> EnvGroupManager:
-        # One manager "group" per row: rows of one env group share a seed, so they start alike;
-        # the trainer's own group ids come from the row's place in the global batch.
-        if self._manager is None or self._manager.num_groups != num_rows:
+    def _manager_for(self, seeds: list[int], group_size: int) -> tuple[EnvGroupManager, list[int]]:
+        """The manager for this process's rows of a generation batch (their env seeds, in order)
+        and the seeds to reset its groups with.
+
+        The global batch's groups take the run's envs in order (:func:`~envhub_trl.mix.group_env_ids`);
+        this process holds rows ``process_index * len(seeds)`` on. When those rows are whole env
+        groups (always on one process), the manager's groups are the env groups, ``group_size``
+        members reset with one seed; a group that straddles two processes falls back to groups
+        of one per row (the members still share their seed, hence their initial state). The
+        curriculum's current stage and horizon shape what the manager plays.
+        """
+        entries = self.args.env_entries()
+        if self.curriculum is not None:
+            entries = self.curriculum.entries(entries, self.state.global_step)
+        env_of_group = group_env_ids(entries) if len(entries) > 1 else [entries[0].env_id]
+        offset = self.accelerator.process_index * len(seeds)
+        row_envs = [env_of_group[((offset + i) // group_size) % len(env_of_group)] for i in range(len(seeds))]
+        whole = offset % group_size == 0 and len(seeds) % group_size == 0 and all(
+            len(set(seeds[i : i + group_size])) == 1 for i in range(0, len(seeds), group_size)
+        )
+        size = group_size if whole else 1
+        partition: dict[str, int] = {}
+        for i in range(0, len(seeds), size):
+            if row_envs[i] in partition and list(partition)[-1] != row_envs[i]:
+                raise RuntimeError(f"the rows of env {row_envs[i]} are not contiguous in this process's batch")
+            partition[row_envs[i]] = partition.get(row_envs[i], 0) + 1
+        by_id = {entry.env_id: entry for entry in entries}
+        kwargs = {
+            **self.args.prompt_settings().manager_kwargs(),
+            "max_turns": self.args.max_turns,
+            "env_kwargs": {i: by_id[i].env_kwargs for i in partition},
+            "per_env": {i: by_id[i].per_env() for i in partition},
+            "layout": self.args.sample_layout,
+        }
+        key = (tuple(partition.items()), size, repr(kwargs))
+        if self._manager is None or self._manager_key != key:
             if self._manager is not None:
                 self._manager.close()
             executor = make_executor(self.args.env_executor, self.args.env_workers, self.args.env_step_timeout)
             self._manager = EnvGroupManager(
-                self.args.env_id, num_rows, 1, seed=self.args.seed, tokenizer=self.processing_class, executor=executor,
-                **self.args.manager_kwargs(),
+                partition, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor, **kwargs
             )
-        return self._manager
+            self._manager_key = key
+        return self._manager, seeds[::size]
 
     def _sampling(self) -> SamplingParams:
         seed = np.random.SeedSequence([self.args.seed, self.state.global_step, self.accelerator.process_index, self._step])
@@ -222,7 +264,9 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._batch_seeds = [int(row["env_seed"]) for row in inputs]
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        trajectories = rollout(self._manager_for(len(inputs)), self.generator, self._sampling(), seeds=self._batch_seeds)
+        self._restore_curriculum()
+        manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
+        trajectories = rollout(manager, self.generator, self._sampling(), seeds=reset_seeds)
         for trajectory in trajectories:
             check_has_turns(trajectory)
 
@@ -278,9 +322,42 @@ class EnvGRPOTrainer(GRPOTrainer):
                 turn_ids[row, : len(sample.turn_ids)] = sample.turn_ids
             output["turn_ids"] = torch.tensor(turn_ids, device=self.accelerator.device)
         self._log_token_advantages(samples, advantages)
-        for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size")).items():
+        per_env = len(self.args.env_entries()) > 1
+        for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size"), per_env=per_env).items():
             self._metrics[mode][name].append(value)
+        if self.curriculum is not None and mode == "train":
+            self._advance_curriculum(everyone, mode)
         return output
+
+    def _restore_curriculum(self) -> None:
+        """On a resumed run, start the curriculum at the last stage its log recorded (its window
+        of recent success starts afresh)."""
+        if self.curriculum is None or self._curriculum_restored:
+            return
+        self._curriculum_restored = True
+        logged = [entry["curriculum/stage"] for entry in self.state.log_history if "curriculum/stage" in entry]
+        if logged:
+            self.curriculum.stage = int(round(logged[-1]))
+
+    def _advance_curriculum(self, trajectories: list[Trajectory], mode: str) -> None:
+        """Feed the batch's training success of the stage env to the curriculum; log where it is."""
+        curriculum = self.curriculum
+        schedule = curriculum.curriculum
+        if schedule.stages:
+            self._metrics[mode]["curriculum/stage"].append(float(curriculum.stage))  # the stage this batch played
+            ours = [t.success for t in trajectories if t.env_id == schedule.env]
+            if ours and curriculum.observe(float(np.mean(ours))):
+                stage = schedule.stages[curriculum.stage]
+                if self.accelerator.is_main_process:
+                    print(
+                        f"curriculum: stage {curriculum.stage + 1} of {len(schedule.stages)} ({schedule.env}, {stage}) from step "
+                        f"{self.state.global_step + 1}: training success reached {schedule.advance_at:g} over {schedule.window} batches",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        turns = schedule.max_turns_at(self.state.global_step)
+        if turns is not None:
+            self._metrics[mode]["curriculum/max_turns"].append(float(turns))
 
     def _with_scores(
         self,
@@ -479,14 +556,20 @@ class EnvGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
 
     def evaluate_env(
-        self, seeds: list[int] | None = None, greedy: bool = True, generator: Generator | None = None, label: str | None = None
+        self,
+        seeds: list[int] | None = None,
+        greedy: bool = True,
+        generator: Generator | None = None,
+        label: str | None = None,
+        env: EnvEntry | None = None,
     ) -> dict[str, float]:
         """Success of the current model on held-out seeds (``args.eval_episodes`` from
         ``args.eval_seed_offset`` by default), greedy or sampled as in training (seeded with
         ``args.seed``, so reruns repeat); returns :func:`envhub.rollout.batch_metrics`.
 
         ``generator`` plays instead of the model (a reference policy on the same seeds); ``label``
-        shows a progress bar on stderr."""
+        shows a progress bar on stderr; ``env`` picks an env of a mix (default: the first), played
+        with its own settings (not the curriculum's)."""
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
@@ -498,7 +581,8 @@ class EnvGRPOTrainer(GRPOTrainer):
             seed=args.seed,
         )
         generator = generator if generator is not None else self.generator
-        return evaluate_generator(generator, self.processing_class, args.env_id, seeds, sampling, label=label, **args.manager_kwargs())
+        env = env if env is not None else args.env_entries()[0]
+        return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **args.manager_kwargs_for(env))
 
 
 class _AverageCriticGradients(TrainerCallback):

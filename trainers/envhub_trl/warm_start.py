@@ -143,9 +143,18 @@ class WarmStart:
     def run(self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, **manager_kwargs: Any) -> list[float]:
         """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
         returns each step's loss (empty when ``steps`` is 0)."""
+        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed)
+
+    def run_on(self, model: Any, tokenizer: Any, envs: Sequence[tuple[str, Mapping[str, Any]]], seed: int = 0) -> list[float]:
+        """:meth:`run` on a mix: ``episodes`` demonstrator episodes of each ``(env_id,
+        manager_kwargs)``, rendered with that env's settings, drawn from in one pool."""
         if not self.steps:
             return []
-        samples = expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
+        samples = [
+            sample
+            for env_id, manager_kwargs in envs
+            for sample in expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
+        ]
         return supervised_steps(
             model, samples, self.steps, batch_size=self.batch_size, learning_rate=self.learning_rate,
             pad_id=tokenizer.pad_token_id, seed=seed,
