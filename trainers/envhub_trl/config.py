@@ -204,6 +204,18 @@ class EnvGRPOConfig(GRPOConfig):
             "layout": self.sample_layout,
         }
 
+    def mix_manager_kwargs(self, entries: list[EnvEntry]) -> dict[str, Any]:
+        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a manager whose
+        partition holds ``entries``' env ids (training batches): the run's settings, with each
+        env's own as ``env_kwargs`` and ``per_env``."""
+        return {
+            **self.prompt_settings().manager_kwargs(),
+            "max_turns": self.max_turns,
+            "env_kwargs": {e.env_id: e.env_kwargs for e in entries},
+            "per_env": {e.env_id: e.per_env() for e in entries},
+            "layout": self.sample_layout,
+        }
+
     def curriculum_schedule(self) -> Curriculum | None:
         """The parsed ``curriculum`` (None without one)."""
         return None if self.curriculum is None else Curriculum.from_mapping(self.curriculum, [e.env_id for e in self._entries])
@@ -214,7 +226,7 @@ class EnvGRPOConfig(GRPOConfig):
         envs = {}
         if self.envs is not None:
             envs = {
-                e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": e.max_turns if e.max_turns is not None else self.max_turns, "prompt": dict(e.prompt)}
+                e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": self.manager_kwargs_for(e)["max_turns"], "prompt": dict(e.prompt)}
                 for e in self._entries
             }
         return TrainedOn(self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from envhub.trajectory import Trajectory, step_arrays
-from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, grpo_advantages
+from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, group_normalize, grpo_advantages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,12 +223,7 @@ def step_reinforce(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1
     the unbiased std with ``mean_std``); no group baseline, so env groups may have any size."""
     returns = discounted_returns(batch.rewards, batch.traj_index, batch.step_index, settings.step_reward_gamma)
     labels = scope_labels(batch, settings.norm_scope, "batch")[batch.traj_index]
-    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    centred = returns - (np.bincount(codes, weights=returns) / counts)[codes] if len(returns) else returns
-    if settings.norm == "mean_std":
-        std = np.sqrt(np.bincount(codes, weights=centred**2) / np.maximum(counts - 1, 1))[codes]
-        centred = np.where(counts[codes] > 1, centred / (std + eps), centred)
-    return {"advantages": centred}
+    return {"advantages": group_normalize(returns, labels, settings.norm, eps)}
 
 
 def _whiten(values: np.ndarray, eps: float, labels: np.ndarray | None = None) -> np.ndarray:

@@ -221,14 +221,7 @@ class EnvGRPOTrainer(GRPOTrainer):
             if row_envs[i] in partition and list(partition)[-1] != row_envs[i]:
                 raise RuntimeError(f"the rows of env {row_envs[i]} are not contiguous in this process's batch")
             partition[row_envs[i]] = partition.get(row_envs[i], 0) + 1
-        by_id = {entry.env_id: entry for entry in entries}
-        kwargs = {
-            **self.args.prompt_settings().manager_kwargs(),
-            "max_turns": self.args.max_turns,
-            "env_kwargs": {i: by_id[i].env_kwargs for i in partition},
-            "per_env": {i: by_id[i].per_env() for i in partition},
-            "layout": self.args.sample_layout,
-        }
+        kwargs = self.args.mix_manager_kwargs([entry for entry in entries if entry.env_id in partition])
         key = (tuple(partition.items()), size, repr(kwargs))
         if self._manager is None or self._manager_key != key:
             if self._manager is not None:
