@@ -162,6 +162,9 @@ class EnvGroupManager:
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
         self.expert_hints = False
+        #: The environments' answers to the last :meth:`reset` (one per slot) or :meth:`step` (one
+        #: per prompt of that turn, in order): their info, rewards and errors as the envs gave them.
+        self.last_states: list[EnvState] = []
         self._slots: list[_Slot] = []
         self._order: list[int] = []
 
@@ -201,7 +204,8 @@ class EnvGroupManager:
                         index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self._per_env[env_id][0], self.expert_hints
                     )
                 )
-        for slot, state in zip(self._slots, self.executor.reset(requests)):
+        self.last_states = self.executor.reset(requests)
+        for slot, state in zip(self._slots, self.last_states):
             if state.error is not None:
                 self._end(slot, "error", error=state.error)
                 continue
@@ -247,7 +251,7 @@ class EnvGroupManager:
         if len(replies) != len(self._order):
             raise ValueError(f"got {len(replies)} replies for {len(self._order)} prompts; call prompts() first")
         texts = [r if isinstance(r, str) else r.text for r in replies]
-        states = self.executor.step(StepRequest(self._order, texts, self.fmt, self.expert_hints))
+        states = self.last_states = self.executor.step(StepRequest(self._order, texts, self.fmt, self.expert_hints))
         for i, reply, text, state in zip(self._order, replies, texts, states):
             self._apply(self._slots[i], reply, text, state)
         self._order = []
