@@ -17,8 +17,12 @@ alternate the algorithms (in an order rotated each round); each ratio is of medi
 GRPO, the others at most 1.1x.
 
     python bench/trainer.py [--episodes 16] [--steps 4] [--rounds 3] [--algorithms grpo ppo ...]
+    python bench/trainer.py --algorithms-only --played-by model --algorithms grpo reinforce++
 
-Prints the figures and writes bench/results/trainer.json.
+``--played-by model`` has the model sample the algorithms' episodes (a real run's step, where
+generation dominates) instead of the noisy expert (generation free: each algorithm's whole extra
+cost shows, the worst case). Prints the figures and writes bench/results/trainer.json
+(``trainer_algorithms_PLAYED_BY.json`` with ``--algorithms-only``).
 """
 
 from __future__ import annotations
@@ -84,11 +88,15 @@ def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: i
     return times, lengths
 
 
-def algorithm_run(tokenizer, algorithm: str, episodes: int, steps: int, turns: int, reply_tokens: int, out: str) -> list[float]:
-    """Step times of one estimator on the batches a seeded noisy expert plays (the same for every
-    estimator), from a model built with a fixed seed."""
-    config = bench_config(out, episodes, steps, turns, reply_tokens, advantage_estimator=algorithm)
-    generator = ExpertGenerator(tokenizer, epsilon=0.3, seed=0)
+def algorithm_run(
+    tokenizer, algorithm: str, episodes: int, steps: int, turns: int, reply_tokens: int, out: str, played_by: str = "expert"
+) -> list[float]:
+    """Step times of one estimator from a model built with a fixed seed, on the batches a seeded
+    noisy expert plays (``played_by="expert"``: the same for every estimator, and generation costs
+    nothing, so the ratio is the estimator's whole extra cost) or the model samples with the HF
+    generator (``"model"``: what a user's run pays; episodes differ once the weights do)."""
+    config = bench_config(out, episodes, steps, turns, reply_tokens, advantage_estimator=algorithm, seed=0)
+    generator = ExpertGenerator(tokenizer, epsilon=0.3, seed=0) if played_by == "expert" else None
     trainer = EnvGRPOTrainer(build_model(tokenizer, seed=0), config, processing_class=tokenizer, generator=generator)
     return step_times(trainer)[1:]
 
@@ -142,6 +150,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the trainers.")
     parser.add_argument("--algorithms", nargs="+", choices=sorted(ESTIMATORS), default=["grpo", "gigpo", "rloo", "step_reinforce", "reinforce++", "ppo"],
                         help="Estimators timed against GRPO (GRPO is always timed).")
+    parser.add_argument("--played-by", choices=["expert", "model"], default="expert",
+                        help="Who plays the algorithms' episodes: a noisy expert (free generation: each algorithm's "
+                             "whole extra cost shows) or the model sampling through the HF generator (a real run's cost).")
+    parser.add_argument("--algorithms-only", action="store_true", help="Time the algorithms only (no plain-TRL comparison).")
     args = parser.parse_args()
     algorithms = ["grpo"] + [a for a in args.algorithms if a != "grpo"]
     torch.manual_seed(0)
@@ -150,6 +162,12 @@ def main() -> None:
     by_algorithm: dict[str, list[float]] = {a: [] for a in algorithms}
     with tempfile.TemporaryDirectory() as out:
         for round_ in range(args.rounds):
+            for algorithm in algorithms[round_ % len(algorithms) :] + algorithms[: round_ % len(algorithms)]:  # rotated: no algorithm always first
+                by_algorithm[algorithm] += algorithm_run(
+                    tokenizer, algorithm, args.episodes, args.steps, args.turns, args.reply_tokens, out, args.played_by
+                )
+            if args.algorithms_only:
+                continue
             times, measured = envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out)
             ours += times
             lengths += measured
@@ -157,31 +175,30 @@ def main() -> None:
             completion_len = int(round(np.mean([c for _, c in lengths])))
             plain += plain_run(tokenizer, args.episodes, args.steps, prompt_len, completion_len, out)
             step_layout += envhub_run(tokenizer, args.episodes, args.steps, args.turns, args.reply_tokens, out, "step")[0]
-            for algorithm in algorithms[round_ % len(algorithms) :] + algorithms[: round_ % len(algorithms)]:  # rotated: no algorithm always first
-                by_algorithm[algorithm] += algorithm_run(tokenizer, algorithm, args.episodes, args.steps, args.turns, args.reply_tokens, out)
-    batch = gigpo_batch(16_384)
-    gigpo_s = best_of(lambda: gigpo_advantages(**batch))
-    returns = np.bincount(batch["traj_index"], weights=batch["rewards"])
-    grpo_s = best_of(lambda: grpo_advantages(returns, batch["traj_groups"]))
-    per_turn = gigpo_advantages(**batch)["advantages"].reshape(-1, 32)
-    turn_ids = np.repeat(np.arange(32), 8).tolist()
-    samples = [Sample([], [], [], [], turn_ids, i // 8, i) for i in range(len(per_turn))]
-    spread_s = best_of(lambda: token_advantages(samples, per_turn, 256))
-    figures = {
-        "episodes_per_step": args.episodes,
-        "prompt_tokens": prompt_len,
-        "completion_tokens": completion_len,
-        "envhub_step_s": statistics.median(ours),
-        "plain_trl_step_s": statistics.median(plain),
-        "step_ratio_envhub_over_plain": statistics.median(ours) / statistics.median(plain),
-        "envhub_step_layout_step_s": statistics.median(step_layout),
-        "step_layout_over_trajectory": statistics.median(step_layout) / statistics.median(ours),
-        "timed_steps_each": len(ours),
-        "gigpo_16k_steps_ms": gigpo_s * 1000,
-        "grpo_16k_steps_ms": grpo_s * 1000,
-        "gigpo_over_grpo": gigpo_s / grpo_s,
-        "per_token_spread_512x256_ms": spread_s * 1000,
-    }
+    figures: dict = {"episodes_per_step": args.episodes, "algorithms_played_by": args.played_by}
+    if not args.algorithms_only:
+        batch = gigpo_batch(16_384)
+        gigpo_s = best_of(lambda: gigpo_advantages(**batch))
+        returns = np.bincount(batch["traj_index"], weights=batch["rewards"])
+        grpo_s = best_of(lambda: grpo_advantages(returns, batch["traj_groups"]))
+        per_turn = gigpo_advantages(**batch)["advantages"].reshape(-1, 32)
+        turn_ids = np.repeat(np.arange(32), 8).tolist()
+        samples = [Sample([], [], [], [], turn_ids, i // 8, i) for i in range(len(per_turn))]
+        spread_s = best_of(lambda: token_advantages(samples, per_turn, 256))
+        figures |= {
+            "prompt_tokens": prompt_len,
+            "completion_tokens": completion_len,
+            "envhub_step_s": statistics.median(ours),
+            "plain_trl_step_s": statistics.median(plain),
+            "step_ratio_envhub_over_plain": statistics.median(ours) / statistics.median(plain),
+            "envhub_step_layout_step_s": statistics.median(step_layout),
+            "step_layout_over_trajectory": statistics.median(step_layout) / statistics.median(ours),
+            "timed_steps_each": len(ours),
+            "gigpo_16k_steps_ms": gigpo_s * 1000,
+            "grpo_16k_steps_ms": grpo_s * 1000,
+            "gigpo_over_grpo": gigpo_s / grpo_s,
+            "per_token_spread_512x256_ms": spread_s * 1000,
+        }
     grpo_step = statistics.median(by_algorithm["grpo"])
     algorithm_figures = {
         a: {
@@ -202,7 +219,8 @@ def main() -> None:
     figures["algorithms"] = algorithm_figures
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "trainer.json").write_text(json.dumps(figures, indent=2))
+    name = f"trainer_algorithms_{args.played_by}.json" if args.algorithms_only else "trainer.json"
+    (results / name).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -252,7 +252,12 @@ class InProcessExecutor:
 
     It cannot preempt: an environment whose step hangs holds the whole batch. Use
     :class:`ProcessPoolExecutor` (``step_timeout``) for environments that may hang.
+
+    Steps of distinct slots may run in separate threads at once (``concurrent_steps``): the
+    continuous rollout steps each env in a thread as soon as its reply is done.
     """
+
+    concurrent_steps = True
 
     def __init__(self) -> None:
         self.worker = EnvWorker()

@@ -230,3 +230,69 @@ class ExpertGenerator(_ActionGenerator):
         if self.epsilon and prompt.valid_actions and self.rng.random() < self.epsilon:
             return _random_legal(prompt, self.rng)
         return prompt.expert_action
+
+
+# ---------------------------------------------------------------------- streaming (continuous batching)
+
+
+@runtime_checkable
+class StreamingGenerator(Protocol):
+    """A generator that takes requests as they come and returns completions as they finish, as
+    continuous batching does (vLLM's engine: a request joins the running batch at the next
+    engine step). The continuous rollout (:func:`envhub.rollout.rollout`, ``mode="continuous"``)
+    drives it: it submits an env's next prompt as soon as that env has stepped, and steps an env
+    as soon as its reply is done, while the other requests keep generating.
+
+    Implementations: ``VLLMGenerator`` (per engine step); any batch :class:`Generator` through
+    :class:`BatchStream` (the simple form: each poll completes what is queued as one batch).
+    """
+
+    def submit(self, key: Any, prompt: Prompt, sampling: SamplingParams) -> None:
+        """Queue ``prompt`` under ``key`` (a hashable, unique among pending requests)."""
+        ...
+
+    def poll(self) -> list[tuple[Any, Completion]]:
+        """Advance generation by one unit of work; return the requests that finished, as ``(key, completion)``."""
+        ...
+
+    def pending(self) -> int:
+        """How many submitted requests have not been returned by :meth:`poll` yet."""
+        ...
+
+
+class BatchStream:
+    """A batch :class:`Generator` as a :class:`StreamingGenerator`: each :meth:`poll` completes every
+    request queued since the last one in one ``generate`` call (the HF generator's continuous form:
+    no request waits for a turn of the whole env batch, only for the batch in flight).
+
+    Requests queued together are sampled with the first one's :class:`SamplingParams` (their
+    ``max_new_tokens``, temperature and seed; :func:`request_seeds` then gives each its own seed).
+    """
+
+    def __init__(self, generator: Generator):
+        self.generator = generator
+        self.uses_expert = bool(getattr(generator, "uses_expert", False))
+        self._queue: list[tuple[Any, Prompt, SamplingParams]] = []
+
+    def submit(self, key: Any, prompt: Prompt, sampling: SamplingParams) -> None:
+        """Queue one request."""
+        self._queue.append((key, prompt, sampling))
+
+    def poll(self) -> list[tuple[Any, Completion]]:
+        """Complete every queued request in one batch."""
+        if not self._queue:
+            return []
+        queue, self._queue = self._queue, []
+        completions = self.generator.generate([prompt for _, prompt, _ in queue], queue[0][2])
+        return [(key, completion) for (key, _, _), completion in zip(queue, completions)]
+
+    def pending(self) -> int:
+        """Requests queued and not yet completed."""
+        return len(self._queue)
+
+
+def as_stream(generator: Generator | StreamingGenerator) -> StreamingGenerator:
+    """``generator`` itself when it streams (has ``submit``/``poll``/``pending``), else a :class:`BatchStream` of it."""
+    if all(callable(getattr(generator, name, None)) for name in ("submit", "poll", "pending")):
+        return generator  # type: ignore[return-value]
+    return BatchStream(generator)  # type: ignore[arg-type]

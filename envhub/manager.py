@@ -227,16 +227,23 @@ class EnvGroupManager:
         Prompts carry token ids when the manager has a tokenizer, and the chat messages when it
         has none (for generators that talk to a chat API).
         """
-        self._order = [i for i, slot in enumerate(self._slots) if slot.active]
-        prompts = []
-        for i in self._order:
-            slot = self._slots[i]
-            if self.tokens is None:
-                prompts.append(Prompt([], self._prompt_messages(slot), slot.valid_actions, slot.expert_action))
-            else:
-                ids = slot.context if self.layout == "trajectory" else slot.next_input
-                prompts.append(Prompt(list(ids), [], slot.valid_actions, slot.expert_action))
-        return prompts
+        self._order = self.active_slots()
+        return [self.prompt_of(i) for i in self._order]
+
+    def active_slots(self) -> list[int]:
+        """The slots whose episodes are running, in order."""
+        return [i for i, slot in enumerate(self._slots) if slot.active]
+
+    def is_active(self, slot: int) -> bool:
+        """Whether the episode of ``slot`` is running."""
+        return self._slots[slot].active
+
+    def prompt_of(self, slot: int) -> Prompt:
+        """The next prompt of the running episode of ``slot`` (the continuous rollout asks slot by slot)."""
+        state = self._slots[slot]
+        if self.tokens is None:
+            return Prompt([], self._prompt_messages(state), state.valid_actions, state.expert_action)
+        return Prompt(list(state.context if self.layout == "trajectory" else state.next_input), [], state.valid_actions, state.expert_action)
 
     def step(self, replies: Sequence[Completion | str]) -> None:
         """Apply one reply per prompt of the last ``prompts()`` call, in that order.
@@ -250,11 +257,25 @@ class EnvGroupManager:
         """
         if len(replies) != len(self._order):
             raise ValueError(f"got {len(replies)} replies for {len(self._order)} prompts; call prompts() first")
-        texts = [r if isinstance(r, str) else r.text for r in replies]
-        states = self.last_states = self.executor.step(StepRequest(self._order, texts, self.fmt, self.expert_hints))
-        for i, reply, text, state in zip(self._order, replies, texts, states):
-            self._apply(self._slots[i], reply, text, state)
+        self.step_slots(self._order, replies)
         self._order = []
+
+    def step_slots(self, slots: Sequence[int], replies: Sequence[Completion | str]) -> None:
+        """Apply ``replies`` to the running episodes of ``slots`` (same order): the env steps, then
+        :meth:`apply`. Any subset of the running slots may step: the continuous rollout steps
+        each env as soon as its reply is done."""
+        self.apply(slots, replies, self.executor.step(self.step_request(slots, replies)))
+
+    def step_request(self, slots: Sequence[int], replies: Sequence[Completion | str]) -> StepRequest:
+        """The executor's request that applies ``replies`` to ``slots`` (to run it elsewhere, e.g. in a thread)."""
+        return StepRequest(list(slots), [r if isinstance(r, str) else r.text for r in replies], self.fmt, self.expert_hints)
+
+    def apply(self, slots: Sequence[int], replies: Sequence[Completion | str], states: Sequence[EnvState]) -> None:
+        """Record the envs' answers ``states`` to ``replies`` (from :meth:`step_request` run by the
+        executor): the turns, the next prompts, and the ends of episodes."""
+        self.last_states = list(states)
+        for i, reply, state in zip(slots, replies, states):
+            self._apply(self._slots[i], reply, reply if isinstance(reply, str) else reply.text, state)
 
     def trajectories(self) -> list[Trajectory]:
         """Every episode of the batch in slot order (group by group, member by member)."""

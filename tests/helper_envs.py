@@ -96,6 +96,25 @@ class NondeterministicEnv(FlakyEnv):
         return self.render_text(), {}
 
 
+class SlowEnv(FlakyEnv):
+    """Every step takes ``delay`` seconds (50 ms by default) and records when it ran, as an env that
+    waits on a search engine or a tool would."""
+
+    steps: list[tuple[float, float]] = []  # (start, end) of every step, in any instance
+
+    def __init__(self, delay: float = 0.05, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.delay = delay
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        import time
+
+        start = time.perf_counter()
+        time.sleep(self.delay)
+        SlowEnv.steps.append((start, time.perf_counter()))
+        return super()._step(action)
+
+
 class CharTokenizer:
     """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
 

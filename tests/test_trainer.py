@@ -44,13 +44,9 @@ def _config(tmp_path, **overrides) -> EnvGRPOConfig:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+    from trl_helpers import save_tiny_lake_model
 
-    tokenizer = build_tokenizer(environment_corpus([LAKE], seeds=4))
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    build_model(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path, tokenizer
+    return save_tiny_lake_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 def spied_run(tiny, config: EnvGRPOConfig):

@@ -21,3 +21,13 @@ class HalfExpert:
         out = [None] * len(prompts)
         out[0::2], out[1::2] = model, expert
         return out
+
+
+def save_tiny_lake_model(path):
+    """The tiny model and a tokenizer fitted to FrozenLake's text, saved at ``path``; returns ``(path, tokenizer)``."""
+    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+
+    tokenizer = build_tokenizer(environment_corpus(["frozenlake/FrozenLakeNotSlippery-v0"], seeds=4))
+    build_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, tokenizer

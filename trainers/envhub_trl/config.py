@@ -14,6 +14,9 @@ Generation:
     ``generator`` (``hf``, ``vllm`` or ``vllm-server``), ``vllm_server_url``, ``generator_kwargs``,
     ``max_turn_tokens``; temperature, top-p and top-k are TRL's own fields, used both to sample and
     to score.
+Rollouts:
+    ``rollout_mode`` (``lockstep``, ``continuous`` or ``async``), ``max_staleness`` (alias
+    ``async_generation_ratio``, ROLL's name) and ``importance_sampling_cap`` (:mod:`envhub_trl.async_rollout`).
 Advantages:
     ``advantage_estimator`` (any name registered in :mod:`envhub_trl.estimators`: ``grpo``,
     ``gigpo``, ``rloo``, ``step_reinforce``), and, under ROLL's names, ``episode_reward_weight``,
@@ -43,6 +46,7 @@ from envhub.prompts import PromptSettings, TrainedOn
 
 NORMS = ("mean", "mean_std")
 GENERATORS = ("hf", "vllm", "vllm-server")
+ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
 RATIO_TYPES = ("token", "segment")
@@ -123,6 +127,23 @@ class EnvGRPOConfig(GRPOConfig):
     env_executor: str = field(
         default="inprocess",
         metadata={"help": "Where training envs run: `inprocess` (cannot preempt a hung env), `process` or `ray` (workers with a step deadline)."},
+    )
+    rollout_mode: str = field(
+        default="lockstep",
+        metadata={
+            "help": "`lockstep`: every turn, all running episodes generate as one batch, then step as one batch. `continuous`: "
+            "each env's next prompt is generated as soon as it has stepped, and each env steps as soon as its reply is done "
+            "(vLLM: its own continuous batching). `async`: continuous, in a thread that plays the next generation batches "
+            "while the current one trains, at most max_staleness weight versions behind (see envhub_trl.async_rollout)."
+        },
+    )
+    max_staleness: int = field(
+        default=1, metadata={"help": "rollout_mode=async: how many weight versions a generation batch may lag the weights it trains (TRL's name)."}
+    )
+    async_generation_ratio: int | None = field(default=None, metadata={"help": "Alias of max_staleness (ROLL's name)."})
+    importance_sampling_cap: float = field(
+        default=2.0,
+        metadata={"help": "rollout_mode=async: the truncation of the per-token importance weights pi_current / pi_sampled that correct for the lag."},
     )
     env_workers: int = field(default=2, metadata={"help": "Worker processes or actors of env_executor process/ray."})
     env_step_timeout: float | None = field(
@@ -285,13 +306,21 @@ class EnvGRPOConfig(GRPOConfig):
         self.group_size = self.num_generations
         if self.advantage_estimator not in ESTIMATORS:
             raise ValueError(f"advantage_estimator must be one of {sorted(ESTIMATORS)}, got {self.advantage_estimator!r}")
-        for alias, name in (("step_advantage_weight", "step_reward_weight"), ("step_gamma", "step_reward_gamma")):
+        for alias, name in (
+            ("step_advantage_weight", "step_reward_weight"), ("step_gamma", "step_reward_gamma"), ("async_generation_ratio", "max_staleness")
+        ):
             value = getattr(self, alias)
             if value is not None:
                 if getattr(self, name) != EnvGRPOConfig.__dataclass_fields__[name].default and getattr(self, name) != value:
                     raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
                 setattr(self, name, value)
             setattr(self, alias, getattr(self, name))
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
+        if self.max_staleness < 0 or self.importance_sampling_cap < 1.0:
+            raise ValueError(f"max_staleness must be >= 0 and importance_sampling_cap >= 1; got {self.max_staleness}, {self.importance_sampling_cap}")
+        if self.rollout_mode == "async" and (self.generator == "vllm-server" or self.curriculum is not None):
+            raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
         if self.ratio_type not in RATIO_TYPES:
             raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {self.ratio_type!r}")
         if self.ratio_type == "segment" and (self.importance_sampling_level != "token" or self.use_liger_kernel):

@@ -33,6 +33,7 @@ import copy
 import dataclasses
 import math
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,9 @@ from envhub.generation import Generator, SamplingParams
 from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import Sample, Trajectory, batch_columns, rollout
+from envhub.rollout import RolloutStats, Sample, Trajectory, batch_columns, rollout
 from envhub_trl.advantages import select_groups
+from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, truncated_importance_weights
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.curriculum import CurriculumState
 from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
@@ -128,8 +130,10 @@ class EnvGRPOTrainer(GRPOTrainer):
                 peft_config=peft_config,
                 rollout_func=self._rollout,
             )
-        self._manager: EnvGroupManager | None = None
-        self._manager_key: Any = None
+        self._managers: dict[str, tuple[EnvGroupManager, Any]] = {}  # owner ("main", "async") -> (manager, its key)
+        self._async: AsyncRollouts | None = None  # rollout_mode="async": the producer thread
+        self._async_batches = 0  # generation batches taken from it
+        self._generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
         schedule = args.curriculum_schedule()
         self.curriculum: CurriculumState | None = CurriculumState(schedule) if schedule is not None else None
         self._curriculum_restored = False
@@ -148,6 +152,11 @@ class EnvGRPOTrainer(GRPOTrainer):
                 self.add_callback(_AverageCriticGradients(self.value_head))
 
     # ------------------------------------------------------------------ generation
+
+    @property
+    def _manager(self) -> EnvGroupManager | None:
+        """The manager training batches play through (the main thread's)."""
+        return self._managers.get("main", (None, None))[0]
 
     @property
     def generator(self) -> Generator:
@@ -195,7 +204,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._synced_step = self.state.global_step  # it starts from the current weights
         return engine
 
-    def _manager_for(self, seeds: list[int], group_size: int) -> tuple[EnvGroupManager, list[int]]:
+    def _manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
         """The manager for this process's rows of a generation batch (their env seeds, in order)
         and the seeds to reset its groups with.
 
@@ -204,7 +213,8 @@ class EnvGRPOTrainer(GRPOTrainer):
         groups (always on one process), the manager's groups are the env groups, ``group_size``
         members reset with one seed; a group that straddles two processes falls back to groups
         of one per row (the members still share their seed, hence their initial state). The
-        curriculum's current stage and horizon shape what the manager plays.
+        curriculum's current stage and horizon shape what the manager plays. ``owner`` keeps one
+        manager per thread that plays (the async producer has its own).
         """
         entries = self.args.env_entries()
         if self.curriculum is not None:
@@ -223,18 +233,19 @@ class EnvGRPOTrainer(GRPOTrainer):
             partition[row_envs[i]] = partition.get(row_envs[i], 0) + 1
         kwargs = self.args.mix_manager_kwargs([entry for entry in entries if entry.env_id in partition])
         key = (tuple(partition.items()), size, repr(kwargs))
-        if self._manager is None or self._manager_key != key:
-            if self._manager is not None:
-                self._manager.close()
+        manager, known = self._managers.get(owner, (None, None))
+        if manager is None or known != key:
+            if manager is not None:
+                manager.close()
             executor = make_executor(self.args.env_executor, self.args.env_workers, self.args.env_step_timeout)
-            self._manager = EnvGroupManager(
-                partition, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor, **kwargs
-            )
-            self._manager_key = key
-        return self._manager, seeds[::size]
+            manager = EnvGroupManager(partition, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor, **kwargs)
+            self._managers[owner] = (manager, key)
+        return manager, seeds[::size]
 
-    def _sampling(self) -> SamplingParams:
-        seed = np.random.SeedSequence([self.args.seed, self.state.global_step, self.accelerator.process_index, self._step])
+    def _sampling(self, batch: int | None = None) -> SamplingParams:
+        """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
+        position = [self.state.global_step, self._step] if batch is None else [batch, 1 << 20]
+        seed = np.random.SeedSequence([self.args.seed, *position, self.accelerator.process_index])
         return SamplingParams(
             max_new_tokens=self.args.max_turn_tokens,
             temperature=self.args.temperature,
@@ -258,8 +269,17 @@ class EnvGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         self._restore_curriculum()
-        manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
-        trajectories = rollout(manager, self.generator, self._sampling(), seeds=reset_seeds)
+        staleness = None
+        if self.args.rollout_mode == "async" and mode == "train":
+            trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
+        else:
+            manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
+            stats = RolloutStats()
+            play_mode = "lockstep" if self.args.rollout_mode == "lockstep" else "continuous"
+            with self._generator_lock:
+                trajectories = rollout(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode, stats=stats)
+        for name, value in stats.metrics().items():
+            self._metrics[mode][name].append(value)
         for trajectory in trajectories:
             check_has_turns(trajectory)
 
@@ -305,6 +325,8 @@ class EnvGRPOTrainer(GRPOTrainer):
             row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in samples]
             advantages = token_advantages(samples, row_turns, width)
         output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
+        if staleness is not None:
+            self._correct_for_lag(output, staleness, mode)
         if self.value_head is not None:
             self._critic_targets(output, samples, value_rows, batch, result["returns"], row_keep)
             self._metrics[mode]["critic/values_mean"].append(float(np.mean(batch.values)))
@@ -321,6 +343,78 @@ class EnvGRPOTrainer(GRPOTrainer):
         if self.curriculum is not None and mode == "train":
             self._advance_curriculum(everyone, mode)
         return output
+
+    # ------------------------------------------------------------------ async rollouts
+
+    def _async_batch(self, rows: int, group_size: int) -> tuple[list[Trajectory], RolloutStats, int]:
+        """The next generation batch from the producer thread (started on the first call): post
+        the current weights as this batch's version, take the batch, return it with its staleness."""
+        model = self.accelerator.unwrap_model(self.model)
+        if self._async is None:
+            self._async = self._start_async(model, rows, group_size)
+        batch = self._async_batches
+        self._async_batches += 1
+        self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()})
+        trajectories, stats, version = self._async.take(batch)
+        return trajectories, stats, batch - version
+
+    def _start_async(self, model: Any, rows: int, group_size: int) -> AsyncRollouts:
+        """The producer: its own generator (HF: a copy of the model; vLLM: the engine, which only
+        it touches while training runs) and its own manager; batch ``b``'s groups are seeded from
+        ``(seed, b)``, the same on every process, each process playing its rows' share."""
+        if self._generator is not None and not isinstance(self._generator, (HFGenerator, VLLMGenerator)):
+            generator, load = self._generator, getattr(self._generator, "load_weights", None)
+            load = (lambda snapshot: generator.load_weights(_Snapshot(snapshot))) if load is not None else (lambda snapshot: None)
+        elif self.args.generator == "hf" and not isinstance(self._generator, VLLMGenerator):
+            # A fresh model of the same config with the weights, not a deepcopy: a copy would carry
+            # whatever the trainer has patched onto the training model at this moment.
+            copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
+            copy_of_model.load_state_dict(model.state_dict())
+            copy_of_model.generation_config = copy.deepcopy(model.generation_config)
+            generator = HFGenerator(copy_of_model, self.processing_class, **dict(self.args.generator_kwargs or {}))
+            load = copy_of_model.load_state_dict
+        else:
+            generator = self.generator
+            load = lambda snapshot: generator.load_weights(_Snapshot(snapshot))  # noqa: E731
+        groups = self.args.generation_batch_size // group_size
+        offset = self.accelerator.process_index * rows
+
+        def play(batch: int) -> tuple[list[Trajectory], RolloutStats]:
+            rng = np.random.default_rng([self.args.seed, 0xA5, batch])
+            seeds = np.repeat(rng.integers(0, self.args.num_train_seeds, groups), group_size)[offset : offset + rows].tolist()
+            manager, reset_seeds = self._manager_for(seeds, group_size, owner="async")
+            stats = RolloutStats()
+            with self._generator_lock:
+                trajectories = rollout(manager, generator, self._sampling(batch), seeds=reset_seeds, mode="continuous", stats=stats)
+            return trajectories, stats
+
+        def load_locked(snapshot: Any) -> None:
+            with self._generator_lock:
+                load(snapshot)
+
+        self.add_callback(_StopAsync(self))
+        return AsyncRollouts(play, load_locked, self.args.max_staleness)
+
+    def _correct_for_lag(self, output: dict[str, Any], staleness: int, mode: str) -> None:
+        """Truncated importance sampling for an async batch: each model token's advantage times
+        ``min(pi_current / pi_sampled, importance_sampling_cap)`` (the weight is detached and
+        non-negative, so this equals weighting TRL's clipped per-token loss, as its vLLM
+        importance-sampling correction does); logs the weights and the staleness."""
+        old = output.get("old_per_token_logps")
+        if old is None:
+            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+            with torch.no_grad():
+                old = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, output["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
+                )[0]
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        weights, stats = truncated_importance_weights(old.float(), output["sampling_per_token_logps"].float(), mask.float(), self.args.importance_sampling_cap)
+        output["advantages"] = output["advantages"] * weights.to(output["advantages"].dtype)
+        for name, value in stats.items():
+            self._metrics[mode][f"rollout/importance_weight_{name}"].append(value)
+        for name, value in staleness_metrics([staleness] * len(output["completion_ids"]), self.args.max_staleness).items():
+            self._metrics[mode][name].append(value)
 
     def _restore_curriculum(self) -> None:
         """On a resumed run, start the curriculum at the last stage its log recorded (its window
@@ -573,9 +667,32 @@ class EnvGRPOTrainer(GRPOTrainer):
             top_k=args.top_k or 0,
             seed=args.seed,
         )
-        generator = generator if generator is not None else self.generator
         env = env if env is not None else args.env_entries()[0]
-        return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **args.manager_kwargs_for(env))
+        with self._generator_lock:  # an async producer may be sampling on the same engine
+            generator = generator if generator is not None else self.generator
+            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **args.manager_kwargs_for(env))
+
+
+class _Snapshot:
+    """A state dict posing as a model for a generator's ``load_weights(model)``."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+class _StopAsync(TrainerCallback):
+    """Stops the async producer when training ends (it would otherwise play one batch too many)."""
+
+    def __init__(self, trainer: EnvGRPOTrainer):
+        self.trainer = trainer
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer._async is not None:
+            self.trainer._async.close()
+            self.trainer._async = None
 
 
 class _AverageCriticGradients(TrainerCallback):

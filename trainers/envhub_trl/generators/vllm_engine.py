@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,12 @@ class VLLMGenerator:
     generator). So there, ``max_num_batched_tokens`` defaults to at least 16384 tokens and to
     ``max_model_len``, and :meth:`generate` hands vLLM the prompts in runs whose tokens fit it, so
     that every prompt is prefilled in one piece.
+
+    It also streams (:class:`~envhub.generation.StreamingGenerator`): :meth:`submit` queues a
+    request, :meth:`poll` admits what fits into the running batch and runs one engine step, as
+    vLLM's continuous batching does; the continuous rollout drives it so. On the CPU a request is
+    admitted only when its prompt fits the step's token budget beside the running requests, so it
+    too is prefilled in one piece.
     """
 
     def __init__(
@@ -87,32 +94,42 @@ class VLLMGenerator:
         self.prefill_budget = self.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens if on_cpu else None
         # vLLM stops on the eos tokens; a reply's turn may end with another (SmolLM2's GGUF: eos is <|im_start|>).
         self.stop_token_ids = stop_token_ids(self.tokenizer)
+        self._waiting: collections.deque[tuple[Any, Prompt, SamplingParams]] = collections.deque()
+        self._running: dict[str, Any] = {}  # our request id -> the caller's key
+        self._aliases: dict[str, str] = {}  # the id vLLM assigned -> ours
+        self._next_id = 0
+        #: Engine steps taken by :meth:`poll` (each one decodes a token of every running request).
+        self.engine_steps = 0
+
+    def _check(self, prompt: Prompt) -> None:
+        if not prompt.token_ids:
+            raise ValueError("VLLMGenerator needs token-id prompts: give the manager a tokenizer")
+        if len(prompt.token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"a prompt of {len(prompt.token_ids)} tokens does not fit max_model_len={self.max_model_len}; "
+                "set the manager's max_prompt_tokens below max_model_len - max_new_tokens"
+            )
+
+    def _params(self, sampling: SamplingParams, seed: int | None, **extra: Any) -> Any:
+        return self._vllm.SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=max(sampling.top_k, 0),
+            seed=seed,
+            logprobs=0,
+            skip_special_tokens=True,
+            stop_token_ids=self.stop_token_ids,
+            **extra,
+        )
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """Return one completion per prompt, in order (each prompt gets its own sampler seed)."""
         from vllm.inputs import TokensPrompt
 
         for prompt in prompts:
-            if not prompt.token_ids:
-                raise ValueError("VLLMGenerator needs token-id prompts: give the manager a tokenizer")
-            if len(prompt.token_ids) >= self.max_model_len:
-                raise ValueError(
-                    f"a prompt of {len(prompt.token_ids)} tokens does not fit max_model_len={self.max_model_len}; "
-                    "set the manager's max_prompt_tokens below max_model_len - max_new_tokens"
-                )
-        params = [
-            self._vllm.SamplingParams(
-                max_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=max(sampling.top_k, 0),
-                seed=seed,
-                logprobs=0,
-                skip_special_tokens=True,
-                stop_token_ids=self.stop_token_ids,
-            )
-            for seed in request_seeds(sampling.seed, len(prompts))
-        ]
+            self._check(prompt)
+        params = [self._params(sampling, seed) for seed in request_seeds(sampling.seed, len(prompts))]
         completions = []
         for start, stop in self._runs(prompts):
             outputs = self.llm.generate(
@@ -120,6 +137,51 @@ class VLLMGenerator:
             )
             completions += [self._completion(output) for output in outputs]
         return completions
+
+    # ------------------------------------------------------------------ streaming
+
+    def submit(self, key: Any, prompt: Prompt, sampling: SamplingParams) -> None:
+        """Queue a request (its ``sampling.seed`` is its own sampler seed); :meth:`poll` admits it."""
+        self._check(prompt)
+        self._waiting.append((key, prompt, sampling))
+
+    def pending(self) -> int:
+        """Requests submitted and not yet returned."""
+        return len(self._waiting) + len(self._running)
+
+    def poll(self) -> list[tuple[Any, Completion]]:
+        """Admit the waiting requests that fit, run one engine step, return the requests it finished."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        used = len(self._running)  # a running request decodes one token per step
+        while self._waiting:
+            key, prompt, sampling = self._waiting[0]
+            if self.prefill_budget is not None and self._running and used + len(prompt.token_ids) > self.prefill_budget:
+                break  # it would be prefilled in pieces: wait for the running requests to thin out
+            self._waiting.popleft()
+            used += len(prompt.token_ids)
+            request_id = f"envhub-{self._next_id}"
+            self._next_id += 1
+            params = self._params(sampling, sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+            internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt.token_ids)), params)
+            self._running[request_id] = key
+            self._aliases[internal] = request_id  # vLLM may suffix the id it reports
+        if not self._running:
+            return []
+        self.engine_steps += 1
+        finished = []
+        for output in engine.step():
+            request_id = self._aliases.get(output.request_id, output.request_id)
+            if output.finished and request_id in self._running:
+                self._aliases.pop(output.request_id, None)
+                finished.append((self._running.pop(request_id), self._completion(output)))
+        if self._running and not finished and not engine.has_unfinished_requests():
+            lost = sorted(self._running)
+            self._running.clear()
+            raise RuntimeError(f"vLLM finished without returning requests {lost[:5]}")
+        return finished
 
     def _runs(self, prompts: Sequence[Prompt]) -> list[tuple[int, int]]:
         """Consecutive ``(start, stop)`` runs of ``prompts`` whose tokens fit :attr:`prefill_budget`."""

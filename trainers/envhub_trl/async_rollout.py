@@ -1,0 +1,152 @@
+"""Off-policy rollouts with bounded staleness: generation batches played ahead of training.
+
+``rollout_mode: async`` (ROLL's ``async_generation_ratio``, TRL's ``max_staleness``): a producer
+thread plays generation batch ``b + 1 .. b + k`` while the trainer trains on batch ``b``, with its
+own copy of the weights, refreshed at the trainer's step boundaries.
+
+The staleness rule, and why:
+
+- Weights are versioned by generation batch: the trainer posts version ``b`` (its weights when it
+  asks for batch ``b``) before taking batch ``b``.
+- The producer starts batch ``j`` only once version ``j - k`` or later has been posted, and loads
+  the latest posted weights before it starts. So every batch is consumed at most ``k`` versions
+  after the weights it was sampled with: the bound holds by construction, for every sample.
+- A batch is handed over only when all its episodes have ended, so groups stay whole, and nothing
+  that arrives late is dropped: a long or slow episode delays its batch (and, once ``k`` batches
+  are ahead, the producer) instead of being discarded, so long-horizon episodes are not starved
+  out of the training data (dropping late episodes would bias training towards short ones).
+- With ``k = 0`` the producer plays each batch with the current weights while the trainer waits:
+  lockstep's samples, through the thread.
+
+Every token keeps the log-prob it was sampled with; the trainer corrects for the lag with
+truncated importance sampling (:func:`truncated_importance_weights`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from envhub.rollout import RolloutStats, Trajectory
+
+
+def truncated_importance_weights(
+    current_logps: torch.Tensor, sampled_logps: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token truncated importance weights ``min(pi_current / pi_sampled, cap)`` (1 where ``mask``
+    is 0: padding and environment tokens), as TRL's vLLM importance-sampling correction
+    (``token_truncate``) computes them; and their statistics over the masked tokens.
+
+    ``current_logps`` are the scoring-time log-probs of the weights about to be trained,
+    ``sampled_logps`` those the generator sampled each token with (older weights).
+    """
+    diff = torch.nan_to_num((current_logps - sampled_logps) * mask, nan=0.0)
+    raw = torch.exp(diff)
+    weights = torch.clamp(raw, max=cap)
+    selected = mask.bool()
+    if selected.any():
+        stats = {
+            "mean": float(raw[selected].mean()),
+            "max": float(raw[selected].max()),
+            "truncated_fraction": float((raw[selected] > cap).float().mean()),
+        }
+    else:
+        stats = {"mean": 1.0, "max": 1.0, "truncated_fraction": 0.0}
+    return weights, stats
+
+
+def staleness_metrics(staleness: list[int], bound: int) -> dict[str, float]:
+    """``rollout/staleness_mean``, ``rollout/staleness_max`` and the histogram
+    ``rollout/staleness/<s>`` (the share of samples ``s`` versions old, for ``s`` in ``0..bound``)."""
+    values = np.asarray(staleness, dtype=np.int64)
+    metrics = {"rollout/staleness_mean": float(values.mean()) if len(values) else 0.0,
+               "rollout/staleness_max": float(values.max()) if len(values) else 0.0}
+    for s in range(bound + 1):
+        metrics[f"rollout/staleness/{s}"] = float((values == s).mean()) if len(values) else 0.0
+    return metrics
+
+
+class AsyncRollouts:
+    """A producer thread that plays generation batches at most ``max_staleness`` versions ahead.
+
+    Args:
+        play: ``play(batch_index) -> (trajectories, stats)``: plays one generation batch with the
+            producer's generator (called in the producer thread only).
+        load_weights: ``load_weights(snapshot)``: gives the producer's generator a posted
+            snapshot (called in the producer thread only, between batches).
+        max_staleness: ``k``, the most versions a batch may lag the weights it is trained on.
+    """
+
+    def __init__(self, play: Callable[[int], tuple[list[Trajectory], RolloutStats]], load_weights: Callable[[Any], None], max_staleness: int):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.play = play
+        self.load_weights = load_weights
+        self.max_staleness = max_staleness
+        self._cond = threading.Condition()
+        self._posted_version = 0  # the weights the producer starts from are version 0
+        self._snapshot: Any = None
+        self._ready: dict[int, tuple[list[Trajectory], RolloutStats, int]] = {}
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="envhub-async-rollouts", daemon=True)
+        self._thread.start()
+
+    def post_weights(self, version: int, snapshot: Any) -> None:
+        """The trainer's weights at version ``version`` (taken when it asks for that batch)."""
+        with self._cond:
+            self._posted_version = version
+            self._snapshot = snapshot
+            self._cond.notify_all()
+
+    def take(self, batch: int) -> tuple[list[Trajectory], RolloutStats, int]:
+        """Wait for generation batch ``batch``; return its episodes, its rollout stats and the
+        weight version it was sampled with.
+
+        Raises:
+            RuntimeError: when the producer failed (its error is the cause).
+        """
+        with self._cond:
+            while batch not in self._ready and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise RuntimeError(f"the async rollout producer failed: {self._error}") from self._error
+            return self._ready.pop(batch)
+
+    def close(self) -> None:
+        """Stop the producer after the batch it is playing (its result is dropped)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=600)
+
+    def _run(self) -> None:
+        batch, loaded = 0, 0
+        try:
+            while True:
+                with self._cond:
+                    # Start batch j only with weights of version >= j - k, and hold at most k + 1 batches.
+                    while not self._stopped and (
+                        self._posted_version < batch - self.max_staleness or len(self._ready) > self.max_staleness
+                    ):
+                        self._cond.wait()
+                    if self._stopped:
+                        return
+                    snapshot, self._snapshot = self._snapshot, None
+                    version = self._posted_version
+                if snapshot is not None:
+                    self.load_weights(snapshot)
+                    loaded = version
+                trajectories, stats = self.play(batch)
+                with self._cond:
+                    self._ready[batch] = (trajectories, stats, loaded)
+                    self._cond.notify_all()
+                batch += 1
+        except BaseException as exc:  # handed to the trainer at its next take()
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
