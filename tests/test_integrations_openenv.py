@@ -129,3 +129,18 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path):
         taken.listen()
         result = runner.invoke(cli, ["serve", ENV, "--port", str(taken.getsockname()[1])])
     assert result.exit_code != 0 and "is in use; pick another with --port" in result.output
+
+
+def test_readme_openenv_example_plays_against_the_server(server, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert f"envhub serve {ENV} --port 8000" in readme
+    source = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "GenericEnvClient(" in b)
+    assert '"http://localhost:8000"' in source, "the README example changed: its URL is gone"
+    namespace: dict = {}
+    exec(compile(source.replace('"http://localhost:8000"', repr(server)), "README.md", "exec"), namespace)  # noqa: S102
+    reward, won = capsys.readouterr().out.split()
+    assert won == "False" and float(reward) < 0  # pushing Up until the turn limit: a step penalty each turn
+    assert "Sokoban" in namespace["system_prompt"] or "box" in namespace["system_prompt"]
