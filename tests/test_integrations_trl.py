@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from envhub.cli import cli
+from envhub.core import TextEnv
 from envhub.error import ResetNeeded, UnknownEnv
 from envhub.integrations.trl import EnvhubEnvironment, environment_factory, success
 
@@ -70,6 +71,76 @@ def test_bad_factory_arguments_fail_at_once():
         environment_factory(LAKE, bogus=1)
     with pytest.raises(Exception, match="bound to no env"):
         EnvhubEnvironment()
+
+
+class GuessByTools(TextEnv):
+    """Shaped as envhub's tool envs are (``ToolEnv``: tools as typed methods listed in
+    ``_tool_names``, ``call_action`` writing a call as the action's JSON): guess a number from 0 to 3."""
+
+    instructions = "Guess the number from 0 to 3."
+    _tool_names = ("guess", "give_up")
+
+    def guess(self, number: int) -> str:
+        """Guess the number.
+
+        Args:
+            number: your guess, from 0 to 3.
+        """
+        raise AssertionError("the env's own tool body is never run: a call is an action")
+
+    def give_up(self) -> str:
+        """End the episode without a guess."""
+        raise AssertionError("the env's own tool body is never run: a call is an action")
+
+    def call_action(self, name: str, **arguments) -> str:
+        return json.dumps({"name": name, "arguments": arguments}, sort_keys=True)
+
+    def parse_action(self, action: str) -> str:
+        return action
+
+    def _reset(self, options):
+        self.secret, self.done = int(self.np_random.integers(4)), False
+        return "Guess.", {}
+
+    def _step(self, action):
+        call = json.loads(action)
+        self.done = call["name"] == "give_up" or call["arguments"]["number"] == self.secret
+        won = call["name"] == "guess" and call["arguments"]["number"] == self.secret
+        return ("Right." if won else "Wrong."), float(won), self.done, {}
+
+    def state_key(self):
+        return str(self.done)
+
+    def is_success(self):
+        return False
+
+    def render_text(self):
+        return "?"
+
+
+@pytest.fixture()
+def tool_env_id():
+    import envhub
+
+    envhub.register("mine/GuessByTools-v0", GuessByTools, max_turns=4)
+    yield "mine/GuessByTools-v0"
+    envhub.registry.remove("mine/GuessByTools-v0")
+
+
+def test_a_tool_env_exposes_its_own_tools_instead_of_act(tool_env_id):
+    import inspect
+
+    from transformers.utils import get_json_schema
+
+    factory = environment_factory(tool_env_id)
+    functions = {name for name, _ in inspect.getmembers(factory, predicate=inspect.isfunction) if not name.startswith("_")}
+    assert functions == {"reset", "get_reward", "guess", "give_up"}
+    env = factory()
+    assert "calling the tools" in env.reset(seed=0)
+    schema = get_json_schema(env.guess)["function"]
+    assert schema["name"] == "guess" and schema["parameters"]["properties"]["number"] == {"type": "integer", "description": "your guess, from 0 to 3."}
+    assert env.guess(number=(env.env.secret + 1) % 4).endswith("Wrong.")
+    assert "The episode is over" in env.guess(number=env.env.secret) and env.get_reward() == 1.0
 
 
 # ---------------------------------------------------------------------- plain trl.GRPOTrainer

@@ -13,10 +13,12 @@ This module imports no TRL and no torch: the contract is plain Python.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import re
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from envhub.actions import FORMATS
@@ -27,17 +29,18 @@ from envhub.registration import make, spec
 
 __all__ = ["EnvhubEnvironment", "environment_factory", "success"]
 
-#: Told to the model after the task's rules: how it acts.
+#: Told to the model after the task's rules: how it acts (through ``act``, or a tool env's own tools).
 ACT_INSTRUCTIONS = "Act by calling the `act` tool with one action; its result is what happens next. Keep acting until the episode is over."
+TOOL_INSTRUCTIONS = "Act by calling the tools; each result is what happens next. Keep going until the episode is over."
 
 
 class EnvhubEnvironment:
     """One envhub environment, played by TRL's ``GRPOTrainer`` through a tool.
 
     Do not instantiate this class: :func:`environment_factory` returns a subclass bound to one
-    environment id, and TRL instantiates that. Public methods other than ``reset`` and
-    ``get_reward`` are the model's tools; everything else here is private or a property, which
-    TRL does not expose.
+    environment id, with the model's tools as its public methods (``act``, or a tool env's own
+    tools), and TRL instantiates that. Everything else here is ``reset``, ``get_reward``, private
+    or a property, none of which TRL exposes as a tool.
     """
 
     _env_id: str = ""
@@ -45,6 +48,7 @@ class EnvhubEnvironment:
     _env_kwargs: dict[str, Any] = {}
     _show_legal_actions: bool = True
     _instructions: str | None = None
+    _tool_names: tuple[str, ...] = ()
     _seeds: Iterator[int] = iter(())
 
     def __init__(self) -> None:
@@ -95,18 +99,12 @@ class EnvhubEnvironment:
         observation, info = self._env.reset(seed=self._seed)
         self._return, self._success, self._over = 0.0, bool(info["success"]), False
         own = self._instructions if self._instructions is not None else self._env.instructions
-        rules = "\n\n".join(part for part in (own.strip(), ACT_INSTRUCTIONS) if part)
+        how = ACT_INSTRUCTIONS if "act" in self._tool_names else TOOL_INSTRUCTIONS
+        rules = "\n\n".join(part for part in (own.strip(), how) if part)
         return f"{rules}\n\n{self._user(observation)}"
 
-    def act(self, action: str) -> str:
-        """Take one action in the environment and return what happens next.
-
-        Args:
-            action: the action to take, e.g. one of the legal actions listed in the last observation.
-
-        Returns:
-            The next observation, or how the episode ended.
-        """
+    def _take(self, action: str) -> str:
+        """Step the env with ``action``; return the next user message, or how the episode ended."""
         if self._over:
             raise ResetNeeded("the episode is over; no more actions are taken")
         observation, reward, terminated, truncated, info = self._env.step(action)
@@ -124,6 +122,42 @@ class EnvhubEnvironment:
 
     def _user(self, observation: str) -> str:
         return self._renderer.user(observation, self._env.turn, self._env.max_turns, self._env.valid_actions())
+
+
+def act(self, action: str) -> str:  # self unannotated: TRL reads the type hints as the tool schema
+    """Take one action in the environment and return what happens next.
+
+    Args:
+        action: the action to take, e.g. one of the legal actions listed in the last observation.
+
+    Returns:
+        The next observation, or how the episode ended.
+    """
+    return self._take(action)
+
+
+def _tool_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A method of the factory's class standing for the tool env's tool ``name``: the same
+    signature, types and docstring (TRL builds the tool's schema from them); a call becomes the
+    env's action for that call."""
+
+    def call(self, **arguments: Any) -> str:
+        return self._take(self._env.call_action(name, **arguments))
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = original.__doc__
+    call.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    call.__annotations__ = typing.get_type_hints(original)
+    return call
+
+
+def _tools(env: TextEnv) -> dict[str, Callable[..., Any]]:
+    """The model's tools for ``env``: ``act`` for an env played by actions; for a tool env (one that
+    declares ``_tool_names`` and ``call_action``, as ``envhub.core.ToolEnv`` does), its own tools."""
+    names = getattr(type(env), "_tool_names", ())
+    if names and callable(getattr(env, "call_action", None)):
+        return {name: _tool_method(name, getattr(type(env), name)) for name in names}
+    return {"act": act}
 
 
 def _seed_stream(seed: int) -> Iterator[int]:
@@ -166,7 +200,9 @@ def environment_factory(
         TypeError, ValueError: when the environment refuses ``env_kwargs``.
     """
     spec(env_id)
-    make(env_id, max_turns=max_turns, **env_kwargs).close()  # refuse bad keywords now, not inside TRL
+    probe = make(env_id, max_turns=max_turns, **env_kwargs)  # refuse bad keywords now, not inside TRL
+    tools = _tools(probe)
+    probe.close()
     return type(
         _class_name(env_id),
         (EnvhubEnvironment,),
@@ -179,6 +215,8 @@ def environment_factory(
             "_show_legal_actions": show_legal_actions,
             "_instructions": instructions,
             "_seeds": _seed_stream(seed),
+            "_tool_names": tuple(tools),
+            **tools,
         },
     )
 
