@@ -377,6 +377,54 @@ def run(
         click.echo(f"\n{episodes} episodes: success {successes}/{episodes}, mean return {mean_return:.3f}")
 
 
+# ---------------------------------------------------------------------- serve
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+@cli.command("serve")
+@click.argument("env_id")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 for every interface).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option("--max-sessions", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Concurrent WebSocket sessions, each with its own environment.")
+@click.option("--action-format", type=click.Choice(["answer", "think-answer", "none"]), default="answer", show_default=True,
+              help="How an action's text is read: a reply in that format, or (none) the action itself.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
+@click.option("--env-kwarg", "env_kwargs", multiple=True, metavar="KEY=VALUE", callback=_env_kwargs,
+              help="A keyword argument of the env (repeatable); VALUE is read as JSON where it parses.")
+def serve(env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any]) -> None:
+    """Serve ENV_ID over OpenEnv's HTTP/WebSocket protocol, one environment per client session.
+
+    Any OpenEnv client works against it; the action is {"text": reply}.
+    """
+    spec(env_id)  # an unknown id fails here, with suggestions, before anything is imported
+    try:
+        from envhub.integrations.openenv import create_app
+    except ImportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        app = create_app(env_id, max_turns=max_turns, action_format=None if action_format == "none" else action_format,
+                         env_kwargs=env_kwargs, max_sessions=max_sessions)
+    except (TypeError, ValueError) as exc:
+        raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs) or '(none)'}: {exc}") from exc
+    if _port_in_use(host, port):
+        raise click.ClickException(f"port {port} on {host} is in use; pick another with --port")
+    import uvicorn
+
+    click.echo(f"serving {env_id} on http://{host}:{port} (OpenEnv protocol, up to {max_sessions} sessions)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 # ---------------------------------------------------------------------- check
 
 

@@ -1,0 +1,107 @@
+"""envhub environments through GEM's registry and API (the real gem-llm package), as ROLL drives them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+gem = pytest.importorskip("gem")
+
+from click.testing import CliRunner  # noqa: E402
+
+import envhub  # noqa: E402
+from envhub.cli import cli  # noqa: E402
+from envhub.core import INFO_KEYS  # noqa: E402
+from envhub.integrations.gem import PREFIX, register_envs  # noqa: E402
+
+ALL_IDS = list(envhub.registry)
+SEED = 3
+
+
+def has_expert(env_id: str) -> bool:
+    env = envhub.make(env_id)
+    env.reset(seed=SEED)
+    return env.expert_action() is not None
+
+
+def envhub_run(env_id: str, policy: str) -> dict:
+    """The ``envhub run --json`` record of one episode from ``SEED``."""
+    result = CliRunner().invoke(cli, ["run", env_id, "--policy", policy, "--seed", str(SEED), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def envhub_info(info: dict) -> dict:
+    """GEM's info less the keys it adds, as ``envhub run --json`` writes info."""
+    return json.loads(json.dumps({k: v for k, v in info.items() if k not in ("env_instruction", "suffix")}, default=str))
+
+
+@pytest.mark.parametrize("env_id", ALL_IDS)
+def test_gem_make_plays_the_transcript_of_envhub_run(env_id):
+    """``gem.make("envhub:ID")``, driven through GEM's reset/step with the expert's replies in the
+    answer format, plays the transcript ``envhub run --policy expert --json`` prints. An env with no
+    expert (Connect Four) replays the random policy's actions instead."""
+    expert = has_expert(env_id)
+    record = envhub_run(env_id, "expert" if expert else "random")
+    env = gem.make(PREFIX + env_id)
+    assert isinstance(env, gem.Env) and env.env_id == PREFIX + env_id
+    observation, info = env.reset(seed=SEED)
+    assert all(isinstance(info[k], t) for k, t in INFO_KEYS.items())
+    assert env.env.instructions.strip() in info["env_instruction"] and "<answer>" in info["suffix"]
+    transcript = [{"observation": observation, "action": None, "reward": 0.0, "info": envhub_info(info)}]
+    done = False
+    while not done:
+        action = env.env.expert_action() if expert else record["transcript"][len(transcript)]["action"]
+        observation, reward, terminated, truncated, info = env.step(f"<answer>{action}</answer>")
+        transcript.append({"observation": observation, "action": action, "reward": float(reward), "info": envhub_info(info)})
+        done = terminated or truncated
+    assert transcript == record["transcript"]
+    if expert and env_id.startswith(("sokoban/", "frozenlake/FrozenLakeNotSlippery", "gym/Taxi")):
+        assert info["success"] is True
+
+
+def test_a_reply_that_breaks_the_format_spends_a_turn_and_changes_nothing():
+    env = gem.make(PREFIX + "sokoban/Sokoban-v0")
+    observation, info = env.reset(seed=0)
+    after, reward, terminated, truncated, bad = env.step("Up")  # no <answer> tags
+    assert bad["action_is_valid"] is False and bad["state_key"] == info["state_key"]
+    assert after.endswith(observation) and "<answer>" in after and reward == 0.0 and not (terminated or truncated)
+    assert env.env.turn == 1
+
+
+def test_gem_env_options_and_gem_conventions():
+    env = gem.make(PREFIX + "frozenlake/FrozenLakeNotSlippery-v0", action_format=None, max_turns=3, seed=5)
+    first, _ = env.reset()  # the seed given to make (as gem.make_vec passes one) seeds the first reset
+    assert first == envhub.make("frozenlake/FrozenLakeNotSlippery-v0").reset(seed=5)[0]
+    legal = env.env.valid_actions()
+    assert env.step(legal[0])[4]["action_is_valid"] is True  # action_format=None: the text is the action
+    reply = env.sample_random_action()
+    assert reply in legal
+    twin = env.spawn(same_state=True)
+    assert twin.env.state_key() == env.env.state_key() and twin.env is not env.env
+    fresh = env.spawn()
+    assert fresh.env.max_turns == 3 and fresh.fmt is None
+    answer = gem.make(PREFIX + "frozenlake/FrozenLakeNotSlippery-v0")
+    answer.reset(seed=0)
+    assert answer.sample_random_action().startswith("<answer>")
+
+
+def test_registration_is_idempotent_and_unknown_ids_fail_in_one_line():
+    assert register_envs() == []  # importing the module registered every id already
+    with pytest.raises(ValueError, match="not found in registry"):
+        gem.make(PREFIX + "sokoban/Sokoban-v99")
+    with pytest.raises(ValueError, match="unknown action format"):
+        gem.make(PREFIX + "sokoban/Sokoban-v0", action_format="xml")
+
+
+def test_readme_gem_example_plays_an_expert_episode(capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    source = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'gem.make("envhub:' in b)
+    namespace: dict = {}
+    exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102
+    assert capsys.readouterr().out.split() == ["True", "10.9"]  # solved; gym-sokoban's rewards
+    assert namespace["system_prompt"].startswith(envhub.make("sokoban/Sokoban-v0").instructions.strip()[:40])
