@@ -17,11 +17,12 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
-from envhub.core import TextEnv, shorten
+from envhub.core import TextEnv, ToolEnv, shorten
 from envhub.actions import apply_reply
 from envhub.error import EnvhubError
 from envhub.generation import HumanPolicy, Policy, get_policy
 from envhub.registration import make, registry, spec
+from envhub.tools import describe_tools
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -360,6 +361,9 @@ def run(
         raise
     if policy == "human" and not as_json:
         click.echo(env.instructions)
+        if isinstance(env, ToolEnv):
+            click.echo("\nTools:\n" + describe_tools(env.tool_schemas()))
+            click.echo('Call a tool as Python, search("words"), or as JSON {"name": "search", "arguments": {"query": "words"}}.')
     results = []
     for i in range(episodes):
         record = play_episode(env, chosen, seed + i, echo=not as_json, sink=sink)

@@ -16,8 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from envhub.chat import end_of_turn_ids
-from envhub.core import TextEnv
+from envhub.core import TextEnv, ToolEnv
 from envhub.error import PolicyError
+from envhub.tools import call_from_python, describe_tools
 
 
 class Policy(Protocol):
@@ -60,10 +61,12 @@ class StopPlay(EOFError):
 class HumanPolicy:
     """Reads each action from a prompt function (``input`` by default).
 
-    ``help`` (or ``?``) shows the legal actions and the instructions without spending a turn;
-    ``quit`` (or ``exit``, or the end of input) stops: :class:`StopPlay` is raised, and
-    :attr:`stopped` tells the caller not to start another episode. Anything else is the reply,
-    and the environment judges it (junk is an invalid action, as it would be from a model).
+    ``help`` (or ``?``) shows the legal actions (a tool env's tools) and the instructions without
+    spending a turn; ``quit`` (or ``exit``, or the end of input) stops: :class:`StopPlay` is
+    raised, and :attr:`stopped` tells the caller not to start another episode. Anything else is
+    the reply, and the environment judges it (junk is an invalid action, as it would be from a
+    model). In a tool env a call may be typed as JSON, as ``<tool_call>...</tool_call>``, or as
+    Python, ``search("Brakmouth")``.
     """
 
     HELP = ("help", "?", "h")
@@ -77,7 +80,8 @@ class HumanPolicy:
     def act(self, env: TextEnv, observation: str) -> str:
         """Return what the person typed; raises :class:`StopPlay` on ``quit`` or end of input."""
         legal = env.valid_actions()
-        hint = f" [{' / '.join(legal)}]" if legal else ""
+        schemas = env.tool_schema_map() if isinstance(env, ToolEnv) else None
+        hint = f" [{' / '.join(legal)}]" if legal else (f" [call {', '.join(schemas)}]" if schemas else "")
         while True:
             try:
                 text = self.prompt(f"action{hint} (help, quit)> ")
@@ -89,8 +93,12 @@ class HumanPolicy:
                 self.stopped = True
                 raise StopPlay("quit")
             if word not in self.HELP:
-                return text
-            actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
+                call = call_from_python(text, schemas) if schemas else None
+                return call.to_json() if call is not None else text
+            if schemas:
+                actions = "Tools:\n" + describe_tools(list(schemas.values())) + '\nCall one as search("words") or as JSON {"name": ..., "arguments": {...}}.'
+            else:
+                actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
             self.show(f"{actions}\n{env.instructions}\nType an action, or quit to stop.")
 
 

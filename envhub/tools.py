@@ -71,6 +71,10 @@ def _json_type(annotation: Any, where: str) -> dict[str, Any]:
             schema["type"] = kinds.pop()
         return schema
     if origin in (Union, types.UnionType):
+        if type(None) in args:  # Optional[X]: X's schema, nullable (as transformers writes it)
+            rest = [a for a in args if a is not type(None)]
+            schema = _json_type(rest[0] if len(rest) == 1 else Union[tuple(rest)], where)
+            return {**schema, "nullable": True}
         parts = [_json_type(a, where) for a in args]
         if all(set(p) == {"type"} for p in parts):
             return {"type": [p["type"] for p in parts]}
@@ -193,6 +197,8 @@ def _kind(value: Any) -> str:
 
 
 def _check_value(value: Any, schema: Mapping[str, Any], where: str, max_chars: int) -> str | None:
+    if value is None and schema.get("nullable"):
+        return None
     if "anyOf" in schema:
         errors = [_check_value(value, option, where, max_chars) for option in schema["anyOf"]]
         return None if any(e is None for e in errors) else errors[0]
@@ -368,3 +374,41 @@ def tools_text(schemas: Sequence[Mapping[str, Any]]) -> str:
         "For each function call, return a json object with function name and arguments within "
         "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
     )
+
+
+def call_from_python(text: str, schemas: Mapping[str, Mapping[str, Any]]) -> ToolCall | None:
+    """A call typed as Python, ``search("Brakmouth")`` or ``submit(answer="Lirgard")``, as a
+    :class:`ToolCall` (positional arguments in the schema's order); None when ``text`` is not
+    one call of a known tool with literal arguments. For people at ``envhub run --policy human``."""
+    import ast
+
+    if not isinstance(text, str) or len(text) > 10_000:
+        return None
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in schemas):
+        return None
+    order = list(schemas[node.func.id]["function"]["parameters"].get("properties", {}))
+    try:
+        if len(node.args) > len(order) or any(k.arg is None for k in node.keywords):
+            return None
+        arguments = {order[i]: ast.literal_eval(arg) for i, arg in enumerate(node.args)}
+        arguments.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return ToolCall(node.func.id, arguments)
+
+
+def describe_tools(schemas: Sequence[Mapping[str, Any]]) -> str:
+    """The tools for a person: one signature line per tool, its description, one line per argument."""
+    lines = []
+    for schema in schemas:
+        function = schema["function"]
+        properties = function["parameters"].get("properties", {})
+        required = set(function["parameters"].get("required", ()))
+        signature = ", ".join(f"{name}: {spec.get('type', 'any')}{'' if name in required else ' = optional'}" for name, spec in properties.items())
+        lines.append(f"  {function['name']}({signature})  {function.get('description', '')}")
+        lines.extend(f"      {name}: {spec.get('description', '')}" for name, spec in properties.items())
+    return "\n".join(lines)

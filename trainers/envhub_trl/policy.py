@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from envhub.actions import get_format, parse_reply
+from envhub.actions import env_format_name, env_tools, get_format, parse_reply
 from envhub.chat import ChatRenderer, ChatTokens
-from envhub.core import TextEnv
+from envhub.core import TextEnv, ToolEnv
 from envhub.generation import Generator, Prompt, SamplingParams
 from envhub.prompts import PromptSettings, TrainedOn
 
@@ -16,7 +16,9 @@ class ModelPolicy:
 
     ``act`` returns the action the reply names, so callers can pass it to ``env.step``; a reply
     that does not parse is returned whole, and the environment answers it as an invalid action.
-    A new episode (``env.turn == 0``) starts a new conversation.
+    A new episode (``env.turn == 0``) starts a new conversation. A tool env's schemas go through
+    the chat template's ``tools=`` (or the system message where the template ignores them), and
+    its results come back as ``tool`` messages, as in the manager.
 
     Args:
         generator: completes token-id prompts.
@@ -40,9 +42,11 @@ class ModelPolicy:
         self.generator = generator
         self.sampling = sampling or SamplingParams(temperature=0.0)
         self.prompt = prompt or PromptSettings()
-        self.fmt = get_format(self.prompt.action_format)
+        #: The reply format; with ``action_format`` None, set from each env at its first turn.
+        self.fmt = get_format(self.prompt.action_format or "answer")
         self.renderer = ChatRenderer(self.fmt, self.prompt.system_prompt, self.prompt.show_legal_actions)
         self.tokens = ChatTokens(tokenizer)
+        self.tools: list[dict[str, Any]] | None = None
         self.env_kwargs = dict(env_kwargs or {})
         self.max_turns = max_turns
         self.messages: list[dict[str, str]] = []
@@ -58,14 +62,22 @@ class ModelPolicy:
         """Return the action named by the model's reply to ``observation``."""
         legal = env.valid_actions()
         if env.turn == 0:
+            if self.prompt.action_format is None and get_format(env_format_name(env)) != self.fmt:
+                self.fmt = get_format(env_format_name(env))
+                self.renderer = ChatRenderer(self.fmt, self.prompt.system_prompt, self.prompt.show_legal_actions)
+            self.tools = env.tool_schemas() if isinstance(env, ToolEnv) else None
             instructions = env.instructions if self.prompt.instructions is None else self.prompt.instructions
-            self.messages = [{"role": "system", "content": self.renderer.system(instructions)}]
-        self.messages.append({"role": "user", "content": self.renderer.user(observation, env.turn, env.max_turns, legal)})
-        prompt = Prompt(self.tokens.prompt(self.messages), list(self.messages), legal)
+            written = self.tools if self.tools and not self.tokens.renders_tools else None
+            self.messages = [{"role": "system", "content": self.renderer.system(instructions, written)}]
+        if self.tools is not None and env.turn > 0:
+            self.messages.extend(self.renderer.tool_messages([observation], self.tokens.tool_role))
+        else:
+            self.messages.append({"role": "user", "content": self.renderer.user(observation, env.turn, env.max_turns, legal)})
+        prompt = Prompt(self.tokens.prompt(self.messages, self.tools), list(self.messages), legal, None, self.tools, self.fmt)
         reply = self.generator.generate([prompt], self.sampling)[0].text
         self.messages.append({"role": "assistant", "content": reply})
         self.last_reply = reply
-        parsed = parse_reply(reply, legal, self.fmt)
+        parsed = parse_reply(reply, legal, self.fmt, env_tools(env))
         return parsed.action if parsed.valid and parsed.action is not None else reply
 
 
