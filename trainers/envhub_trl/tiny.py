@@ -26,8 +26,9 @@ from envhub.core import ToolEnv
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
 #: ChatML, as Qwen2 models use it, with Qwen2.5's tool calling: ``tools=`` are written into the
-#: system message (Hermes' wording, as :func:`envhub.tools.tools_text`), and consecutive ``tool``
-#: messages become one user turn of ``<tool_response>`` blocks. Without tools or tool messages it
+#: system message (Hermes' wording, as :func:`envhub.tools.tools_text`), an assistant message's
+#: ``tool_calls`` become ``<tool_call>`` blocks, and consecutive ``tool`` messages become one user
+#: turn of ``<tool_response>`` blocks. Without tools or tool messages it
 #: renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
     "{%- if tools %}"
@@ -46,6 +47,14 @@ CHAT_TEMPLATE = (
     "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
     "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
     "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set call = call['function'] if call.get('function') else call %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\\\"name\\\": \\\"' + call['name'] + '\\\", \\\"arguments\\\": ' + (call['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{%- endif %}"
