@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-from envhub.actions import parse_reply  # noqa: E402
+from envhub.actions import get_format, parse_reply  # noqa: E402
 
 import envhub  # noqa: E402
 from envhub.error import PolicyError  # noqa: E402
@@ -510,3 +510,29 @@ def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp
         assert len(completions) == 2
     finally:
         del engine
+
+
+def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_path):
+    from datasets import load_from_disk
+
+    out = tmp_path / "sft-tools"
+    result = CliRunner().invoke(cli, ["export-sft", "tools/Countdown-v0", "--episodes", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    row = load_from_disk(str(out))[0]
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[:3] == ["system", "user", "assistant"] and roles[3] == "tool" and roles[-1] == "assistant"
+    assert row["messages"][2]["content"].startswith("<tool_call>") and row["tools"][0]["function"]["name"] == "calculate"
+
+
+def test_run_policy_model_path_plays_a_tool_env_with_tool_messages(tiny_path):
+    import envhub
+    from envhub.cli import play_episode
+
+    env_id = "tools/Countdown-v0"
+    policy = get_policy(str(tiny_path), env_id, seed=0)
+    env = envhub.make(env_id, max_turns=3)
+    record = play_episode(env, policy, seed=0, echo=False)
+    assert policy.fmt == get_format("tool-call") and policy.tools == env.tool_schemas()
+    assert [m["role"] for m in policy.messages] == ["system", "user", "assistant"] + ["tool", "assistant"] * (record["turns"] - 1)
+    for step in record["transcript"][1:]:
+        assert step["info"]["action_is_valid"] or step["info"]["invalid_reason"]
