@@ -17,11 +17,11 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
-from envhub.core import TextEnv, ToolEnv, shorten
-from envhub.actions import apply_reply
+from envhub.core import ToolEnv, shorten
 from envhub.error import EnvhubError
-from envhub.generation import HumanPolicy, Policy, get_policy
-from envhub.registration import make, registry, spec
+from envhub.manager import EnvGroupManager
+from envhub.play import HumanGenerator, Player, StartError, Step, get_player, play
+from envhub.registration import registry, spec
 from envhub.tools import describe_tools
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -176,10 +176,10 @@ def _ask(text: str) -> str:
         raise EOFError from None
 
 
-def _policy(name: str, env_id: str, seed: int) -> Policy:
+def _player(name: str, env_id: str, seed: int) -> Player:
     if name == "human":  # prompts go to stderr so that --json output stays clean
-        return HumanPolicy(prompt=_ask, show=lambda text: click.echo(text, err=True))
-    return get_policy(name, env_id, seed)
+        return Player(HumanGenerator(prompt=_ask, show=lambda text: click.echo(text, err=True)))
+    return get_player(name, env_id, seed)
 
 
 def _jsonable(value: Any) -> Any:
@@ -256,53 +256,65 @@ def _what_happened(action: str, info: dict[str, Any]) -> str:
     return ""
 
 
-def play_episode(env: TextEnv, policy: Policy, seed: int, *, echo: bool, sink: FrameSink | None = None) -> dict[str, Any]:
-    """Play one episode from ``reset(seed=seed)``; return the ``envhub run --json`` record."""
-    observation, info = env.reset(seed=seed)
-    transcript: list[dict[str, Any]] = [{"observation": observation, "action": None, "reward": 0.0, "info": _jsonable(info)}]
-    if sink is not None:
-        sink.start_episode()
-        sink.add(env.render_rgb())
-    if echo:
-        click.echo(f"\n=== {env.spec.id if env.spec else type(env).__name__}  seed {seed} ===\n{observation}")
-    total, invalid, success = 0.0, 0, bool(info["success"])
-    while True:
-        try:
-            if hasattr(policy, "respond"):  # a model: its reply is judged as in training
-                outcome = apply_reply(env, policy.respond(env, observation), policy.fmt)
-                action = outcome.parsed.action if outcome.parsed.valid and outcome.parsed.action else policy.last_reply
-                observation, reward, terminated, truncated, info = (
-                    outcome.observation, outcome.reward, outcome.terminated, outcome.truncated, outcome.info
-                )
-            else:
-                action = policy.act(env, observation)
-                observation, reward, terminated, truncated, info = env.step(action)
-        except (EOFError, click.Abort):
-            break
-        total += float(reward)
-        invalid += not info["action_is_valid"]
-        success = bool(info["success"])
-        transcript.append({"observation": observation, "action": action, "reward": float(reward), "info": _jsonable(info)})
+def play_episode(
+    manager: EnvGroupManager, player: Player, seed: int, *, echo: bool, sink: FrameSink | None = None, show_instructions: bool = False
+) -> dict[str, Any]:
+    """Play one episode from ``reset(seed=seed)`` through ``manager`` (1x1); return the ``envhub run --json`` record."""
+    env_id = manager.group_env_ids[0]
+
+    def start(step: Step, env: Any) -> None:
+        if show_instructions:
+            click.echo(env.instructions)
+            if isinstance(env, ToolEnv):
+                click.echo("\nTools:\n" + describe_tools(env.tool_schemas()))
+                click.echo('Call a tool as Python, search("words"), or as JSON {"name": "search", "arguments": {"query": "words"}}.')
+        if sink is not None:
+            sink.start_episode()
+            sink.add(env.render_rgb())
+        if echo:
+            click.echo(f"\n=== {env_id}  seed {seed} ===\n{step.observation}")
+
+    def turn(step: Step, env: Any) -> None:
         if sink is not None:
             sink.add(env.render_rgb())
         if echo:
-            flag = "" if info["action_is_valid"] else "  (invalid)"
-            click.echo(f"\nturn {env.turn}: {action}{_what_happened(action, info)} -> reward {float(reward):+g}{flag}\n{observation}")
-        if terminated or truncated:
-            break
+            valid = step.info["action_is_valid"]
+            flag = "" if valid else "  (invalid)"
+            click.echo(f"\nturn {env.turn}: {step.action}{_what_happened(step.action or '', step.info)} -> reward {step.reward:+g}{flag}\n{step.observation}")
+
+    trajectory, steps = play(manager, player, seed, on_start=start, on_step=turn)
+    turns = len(steps) - 1
+    invalid = sum(not s.info["action_is_valid"] for s in steps[1:])
+    total = sum(s.reward for s in steps)
+    success = bool(steps[-1].info.get("success"))
     record = {
-        "env_id": env.spec.id if env.spec else None,
+        "env_id": env_id,
         "seed": seed,
         "return": total,
         "success": success,
-        "turns": env.turn,
+        "turns": turns,
         "invalid_actions": invalid,
-        "transcript": transcript,
+        "transcript": [{"observation": s.observation, "action": s.action, "reward": s.reward, "info": _jsonable(s.info)} for s in steps],
     }
+    if trajectory.error is not None:
+        record["error"] = trajectory.error
     if echo:
+        if trajectory.error is not None:
+            click.echo(f"--- the environment failed: {trajectory.error}")
         outcome = "success" if success else "no success"
-        click.echo(f"--- {outcome}: return {total:g} in {_count(env.turn, 'turn')}, {_count(invalid, 'invalid action')}")
+        click.echo(f"--- {outcome}: return {total:g} in {_count(turns, 'turn')}, {_count(invalid, 'invalid action')}")
     return record
+
+
+def _start_error(exc: StartError, env_id: str, env_kwargs: dict[str, Any], render: bool) -> click.ClickException:
+    """A one-line error that names what ``envhub run``'s options did wrong, where they did."""
+    if render and exc.kind == "ValueError" and "render_mode" in exc.detail:
+        return click.ClickException(f"{env_id} cannot draw pictures, which --render needs: {exc.detail}")
+    if env_kwargs and exc.kind == "TypeError":
+        return click.ClickException(f"{env_id} does not take these settings ({', '.join(env_kwargs)}): {exc.detail}")
+    if env_kwargs and exc.kind == "ValueError":
+        return click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs)}: {exc.detail}")
+    return click.ClickException(str(exc))
 
 
 def _env_kwargs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
@@ -335,38 +347,23 @@ def run(
     env_id: str, seed: int, episodes: int, policy: str, max_turns: int | None, env_kwargs: dict[str, Any], render_path: Path | None, as_json: bool
 ) -> None:
     """Play episodes of ENV_ID with a policy; people see the board, scripts get JSON lines."""
-    chosen = _policy(policy, env_id, seed)
-    # A model policy knows the env settings it trained on (its checkpoint's envhub.json).
-    trained_kwargs, trained_turns = getattr(chosen, "env_kwargs", None) or {}, getattr(chosen, "max_turns", None)
+    spec(env_id)  # fail fast, with suggestions, on a typo
+    chosen = _player(policy, env_id, seed)
+    # A model knows the env settings it trained on (its checkpoint's envhub.json).
+    trained_kwargs, trained_turns = chosen.env_kwargs, chosen.max_turns
     if trained_kwargs or trained_turns:
         click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
     overridden = sorted(key for key in env_kwargs if key in trained_kwargs and trained_kwargs[key] != env_kwargs[key])
     if overridden:
         click.echo(f"--env-kwarg overrides what the model trained with: {', '.join(overridden)}", err=True)
     sink = FrameSink(render_path) if render_path else None
-    try:
-        env = make(
-            env_id, max_turns=max_turns or trained_turns, **{**trained_kwargs, **env_kwargs},
-            **({"render_mode": "rgb_array"} if render_path else {}),
-        )
-    except TypeError as exc:
-        if not env_kwargs:
-            raise
-        raise click.ClickException(f"{env_id} does not take these settings ({', '.join(env_kwargs)}): {exc}") from exc
-    except ValueError as exc:
-        if render_path is not None and "render_mode" in str(exc):
-            raise click.ClickException(f"{env_id} cannot draw pictures, which --render needs: {exc}") from exc
-        if env_kwargs:
-            raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs)}: {exc}") from exc
-        raise
-    if policy == "human" and not as_json:
-        click.echo(env.instructions)
-        if isinstance(env, ToolEnv):
-            click.echo("\nTools:\n" + describe_tools(env.tool_schemas()))
-            click.echo('Call a tool as Python, search("words"), or as JSON {"name": "search", "arguments": {"query": "words"}}.')
+    manager = chosen.manager(env_id, env_kwargs={**env_kwargs, **({"render_mode": "rgb_array"} if render_path else {})}, max_turns=max_turns)
     results = []
     for i in range(episodes):
-        record = play_episode(env, chosen, seed + i, echo=not as_json, sink=sink)
+        try:
+            record = play_episode(manager, chosen, seed + i, echo=not as_json, sink=sink, show_instructions=i == 0 and policy == "human" and not as_json)
+        except StartError as exc:
+            raise _start_error(exc, env_id, env_kwargs, render_path is not None) from None
         results.append(record)
         if as_json:
             click.echo(json.dumps(record, default=str))

@@ -273,6 +273,10 @@ class InProcessExecutor:
         """Step the requested slots."""
         return self.worker.step(request)
 
+    def env(self, slot: int) -> TextEnv | None:
+        """The environment object of ``slot`` (to draw it), or None when the slot holds none."""
+        return self.worker.envs.get(slot)
+
     def close(self) -> None:
         """Drop the environments."""
         self.worker.envs.clear()

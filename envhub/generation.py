@@ -1,24 +1,24 @@
 """Who picks the actions: policies and generators.
 
-A *policy* maps an environment and its latest observation to an action string (``envhub run``).
-A *generator* completes a batch of token-id prompts, returning token ids, their sampling
-logprobs and text; the environment managers drive generators. Model-free ones (random, expert)
-live here; model-backed ones (transformers, vLLM) live in the trainer package, so the core never
-imports torch.
+A *policy* maps an environment and its latest observation to an action string: Gymnasium-style
+play, and the opponents of two-player games. A *generator* completes a batch of token-id
+prompts, returning token ids, their sampling logprobs and text; the environment managers drive
+generators (training, evaluation, and ``envhub run`` through :mod:`envhub.play`). Model-free ones
+(random, expert) live here, the human one in :mod:`envhub.play`; model-backed ones (transformers,
+vLLM) live in the trainer package, so the core never imports torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from envhub.chat import end_of_turn_ids
-from envhub.core import TextEnv, ToolEnv
+from envhub.core import TextEnv
 from envhub.error import PolicyError
-from envhub.tools import call_from_python, describe_tools
 
 
 class Policy(Protocol):
@@ -52,88 +52,6 @@ class ExpertPolicy:
         if action is None:
             raise PolicyError(f"{env.spec.id if env.spec else type(env).__name__} has no expert; use --policy random or human")
         return action
-
-
-class StopPlay(EOFError):
-    """The person asked to stop (``quit``), or their input ended: no further episode should start."""
-
-
-class HumanPolicy:
-    """Reads each action from a prompt function (``input`` by default).
-
-    ``help`` (or ``?``) shows the legal actions (a tool env's tools) and the instructions without
-    spending a turn; ``quit`` (or ``exit``, or the end of input) stops: :class:`StopPlay` is
-    raised, and :attr:`stopped` tells the caller not to start another episode. Anything else is
-    the reply, and the environment judges it (junk is an invalid action, as it would be from a
-    model). In a tool env a call may be typed as JSON, as ``<tool_call>...</tool_call>``, or as
-    Python, ``search("Brakmouth")``.
-    """
-
-    HELP = ("help", "?", "h")
-    QUIT = ("quit", "exit", "q")
-
-    def __init__(self, prompt: Callable[[str], str] = input, show: Callable[[str], Any] = print):
-        self.prompt = prompt
-        self.show = show
-        self.stopped = False
-
-    def act(self, env: TextEnv, observation: str) -> str:
-        """Return what the person typed; raises :class:`StopPlay` on ``quit`` or end of input."""
-        legal = env.valid_actions()
-        schemas = env.tool_schema_map() if isinstance(env, ToolEnv) else None
-        hint = f" [{' / '.join(legal)}]" if legal else (f" [call {', '.join(schemas)}]" if schemas else "")
-        while True:
-            try:
-                text = self.prompt(f"action{hint} (help, quit)> ")
-            except EOFError:
-                self.stopped = True
-                raise StopPlay("end of input") from None
-            word = text.strip().lower()
-            if word in self.QUIT:
-                self.stopped = True
-                raise StopPlay("quit")
-            if word not in self.HELP:
-                call = call_from_python(text, schemas) if schemas else None
-                return call.to_json() if call is not None else text
-            if schemas:
-                actions = "Tools:\n" + describe_tools(list(schemas.values())) + '\nCall one as search("words") or as JSON {"name": ..., "arguments": {...}}.'
-            else:
-                actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
-            self.show(f"{actions}\n{env.instructions}\nType an action, or quit to stop.")
-
-
-#: Policies selectable by name in ``envhub run --policy``.
-POLICIES: dict[str, Callable[..., Policy]] = {
-    "random": RandomPolicy,
-    "expert": lambda seed=None: ExpertPolicy(),
-    "human": lambda seed=None: HumanPolicy(),
-}
-
-
-def get_policy(name: str, env_id: str, seed: int | None = None) -> Policy:
-    """Return the policy ``envhub run --policy NAME`` plays with.
-
-    ``random``, ``expert`` and ``human`` are built in; any other name (a model path, say) is offered
-    to the plugins' ``make_policy`` hooks, and the first that accepts it wins.
-
-    Raises:
-        PolicyError: when neither a built-in nor any plugin knows ``name``.
-    """
-    if name in POLICIES:
-        return POLICIES[name](seed=seed)
-    from envhub.plugins import get_plugin_manager
-
-    manager = get_plugin_manager()
-    policy = manager.hook.make_policy(name=name, env_id=env_id, seed=seed)
-    if policy is None:
-        message = f"no policy called {name!r}: use one of {sorted(POLICIES)}"
-        if not manager.hook.make_policy.get_hookimpls():
-            raise PolicyError(f"{message}, or a model path with the trainer plugin installed (pip install envhub-trl)")
-        looks_like_path = "/" in name and (name.startswith((".", "/", "~")) or name.count("/") != 1)
-        if looks_like_path:
-            raise PolicyError(f"{message}; {name} is not a model folder (it does not exist or holds no config.json)")
-        raise PolicyError(f"{message}, a model folder, 'tiny', 'smollm2-135m' or a Hugging Face model id")
-    return policy
 
 
 # ---------------------------------------------------------------------- generators
@@ -315,7 +233,7 @@ class ExpertGenerator(_ActionGenerator):
 
     def _action(self, prompt: Prompt) -> str:
         if prompt.expert_action is None:
-            raise PolicyError("this environment has no expert action; use the random generator or a model")
+            raise PolicyError("this environment has no expert (its expert_action() is None): play it at random, by hand or with a model")
         if self.epsilon and prompt.valid_actions and self.rng.random() < self.epsilon:
             return _random_legal(prompt, self.rng)
         return prompt.expert_action

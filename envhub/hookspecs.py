@@ -27,8 +27,10 @@ def register_commands(cli: Any) -> None:
 
 @hookspec(firstresult=True)
 def make_policy(name: str, env_id: str, seed: Any) -> Any:
-    """Return a policy for ``envhub run --policy NAME`` (e.g. NAME is a model path), or None if NAME is not yours.
+    """Return the :class:`envhub.play.Player` for ``envhub run --policy NAME`` (e.g. NAME is a model
+    path), or None if NAME is not yours.
 
-    A policy trained on particular env settings may carry them as ``env_kwargs`` (a dict) and
-    ``max_turns`` attributes; ``envhub run`` then makes the env with them (``--max-turns`` wins).
+    A player is a generator plus the prompt settings, env settings (``env_kwargs``) and turn limit
+    it plays under; ``envhub run`` plays it through a 1x1 env manager, the turn loop of training
+    (``--max-turns`` and ``--env-kwarg`` win over the player's own settings).
     """

@@ -173,6 +173,9 @@ class EnvGroupManager:
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
         self.expert_hints = False
+        #: The environments' answers to the last :meth:`reset` (one per slot) or :meth:`step` (one
+        #: per prompt of that turn, in order): their info, rewards and errors as the envs gave them.
+        self.last_states: list[EnvState] = []
         self._slots: list[_Slot] = []
         self._order: list[int] = []
 
@@ -212,7 +215,8 @@ class EnvGroupManager:
                         index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self._per_env[env_id][0], self.expert_hints
                     )
                 )
-        for slot, state in zip(self._slots, self.executor.reset(requests)):
+        self.last_states = self.executor.reset(requests)
+        for slot, state in zip(self._slots, self.last_states):
             if state.error is not None:
                 self._end(slot, "error", error=state.error)
                 continue
@@ -274,6 +278,7 @@ class EnvGroupManager:
                 request = StepRequest([self._order[p] for p in positions], [texts[p] for p in positions], fmt, self.expert_hints)
                 for p, state in zip(positions, self.executor.step(request)):
                     states[p] = state
+        self.last_states = states
         for i, reply, text, state in zip(self._order, replies, texts, states):
             self._apply(self._slots[i], reply, text, state)
         self._order = []

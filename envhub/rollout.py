@@ -32,6 +32,7 @@ def rollout(
     epoch: int = 0,
     seeds: Sequence[int] | None = None,
     on_turn: Callable[[EnvGroupManager], Any] | None = None,
+    on_reset: Callable[[EnvGroupManager], Any] | None = None,
 ) -> list[Trajectory]:
     """Play one batch: reset ``manager``, then alternate generation and stepping until all episodes end.
 
@@ -43,12 +44,15 @@ def rollout(
         epoch: picks the group seeds from the manager's base seed (ignored when ``seeds`` is given).
         seeds: one reset seed per group, instead of the derived ones.
         on_turn: called after every turn with the manager (progress bars).
+        on_reset: called once after the reset, before the first prompt, with the manager.
 
     Returns:
         Every episode of the batch, in slot order (group by group).
     """
     sampling = sampling or SamplingParams()
     manager.reset(epoch=epoch, seeds=seeds, expert_hints=bool(getattr(generator, "uses_expert", False)))
+    if on_reset is not None:
+        on_reset(manager)
     turn = 0
     while True:
         prompts = manager.prompts()

@@ -232,3 +232,29 @@ def test_taxi_pictures_print_no_display_warning(tmp_path):
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and (tmp_path / "taxi.png").is_file()
     assert "XDG_RUNTIME_DIR" not in result.stderr + result.stdout
+
+
+def test_run_plays_through_the_managers_turn_loop():
+    """``envhub run`` is the training turn loop on a 1x1 manager: the same seeds and generator give
+    the same episode as :func:`envhub.rollout.rollout` does."""
+    from envhub.generation import RandomGenerator
+    from envhub.manager import EnvGroupManager
+    from envhub.rollout import rollout
+
+    record = json.loads(invoke("run", "frozenlake/FrozenLake-v0", "--policy", "random", "--seed", "3", "--max-turns", "12", "--json").output)
+    with EnvGroupManager("frozenlake/FrozenLake-v0", 1, 1, max_turns=12) as manager:
+        (trajectory,) = rollout(manager, RandomGenerator(3), seeds=[3])
+    assert [t["action"] for t in record["transcript"][1:]] == [turn.action for turn in trajectory.turns]
+    assert [t["observation"] for t in record["transcript"][1:]] == [t.observation for t in trajectory.turns[1:]] + [record["transcript"][-1]["observation"]]
+    assert record["success"] == trajectory.success and record["turns"] == trajectory.num_turns
+
+
+def test_run_reports_an_env_that_fails_mid_episode_and_one_that_cannot_start():
+    from helper_envs import BAD_SEED, registered
+
+    with registered("test/Flaky-v0", "helper_envs:FlakyEnv", max_turns=5):
+        record = json.loads(invoke("run", "test/Flaky-v0", "--policy", "human", "--json", input="Ok\nBoom\n").stdout)
+        assert record["turns"] == 1 and record["error"].startswith("RuntimeError: boom")
+        result = CliRunner().invoke(cli, ["run", "test/Flaky-v0", "--seed", str(BAD_SEED)])
+        assert result.exit_code == 1 and "test/Flaky-v0 could not start: RuntimeError: cannot reset with the bad seed" in result.output
+        assert "Traceback" not in result.output

@@ -14,7 +14,7 @@ from envhub.actions import ParsedReply, TagFormat, get_format
 from envhub.core import match_action
 from envhub.manager import EnvGroupManager
 from envhub.error import DuplicateEnv, PolicyError
-from envhub.generation import POLICIES, get_policy
+from envhub.play import PLAYERS, get_player
 
 FIXTURES = Path(__file__).parent / "plugin_fixtures"
 
@@ -77,16 +77,20 @@ class PolicyPlugin:
 
     @hookimpl
     def make_policy(self, name, env_id, seed):
-        return POLICIES["expert"]() if name == "oracle-by-plugin" else None
+        if name == "oracle-by-plugin":
+            return PLAYERS["expert"]()
+        return object() if name == "not-a-player" else None
 
 
 def test_hook_make_policy():
     plugins.host.add(PolicyPlugin(), name="policy-plugin")
     try:
-        assert type(get_policy("oracle-by-plugin", "frozenlake/FrozenLake-v0")).__name__ == "ExpertPolicy"
-        assert type(get_policy("random", "frozenlake/FrozenLake-v0", seed=0)).__name__ == "RandomPolicy"
+        assert type(get_player("oracle-by-plugin", "frozenlake/FrozenLake-v0").generator).__name__ == "ExpertGenerator"
+        assert type(get_player("random", "frozenlake/FrozenLake-v0", seed=0).generator).__name__ == "RandomGenerator"
         with pytest.raises(PolicyError, match="no policy called"):
-            get_policy("nobody-knows-me", "frozenlake/FrozenLake-v0")
+            get_player("nobody-knows-me", "frozenlake/FrozenLake-v0")
+        with pytest.raises(PolicyError, match="with a object, not an envhub.play.Player"):
+            get_player("not-a-player", "frozenlake/FrozenLake-v0")
     finally:
         plugins.host.remove("policy-plugin")
 

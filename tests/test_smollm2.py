@@ -155,18 +155,16 @@ def test_eval_command_plays_smollm2_offline(monkeypatch):
 
 
 def test_run_policy_plays_smollm2(monkeypatch):
-    import envhub
-    from envhub.generation import get_policy
-    from envhub_trl.policy import ModelPolicy
+    from envhub.cli import play_episode
+    from envhub.play import Player, get_player
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    policy = get_policy(models.SMOLLM2, LAKE, seed=0)
-    assert isinstance(policy, ModelPolicy)
-    policy.sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
-    env = envhub.make(LAKE)
-    observation, _ = env.reset(seed=0)
-    action = policy.act(env, observation)
-    assert policy.last_reply and (action in env.valid_actions() or action == policy.last_reply)
+    player = get_player(models.SMOLLM2, LAKE, seed=0)
+    assert isinstance(player, Player)
+    player.sampling = SamplingParams(max_new_tokens=8, temperature=0.0)
+    record = play_episode(player.manager(LAKE, max_turns=1), player, seed=0, echo=False)
+    step = record["transcript"][1]
+    assert record["turns"] == 1 and step["action"] and (step["action"] in ("Left", "Down", "Right", "Up") or not step["info"]["action_is_valid"])
 
 
 def test_two_training_steps_move_the_weights(smollm2_path, shipped_tokenizer, tmp_path):

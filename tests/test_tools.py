@@ -16,8 +16,9 @@ import envhub
 from envhub.actions import apply_reply, get_format
 from envhub.checker import malformed_tool_calls
 from envhub.core import ToolEnv
-from envhub.generation import ExpertGenerator, HumanPolicy
+from envhub.generation import ExpertGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
+from envhub.play import HumanGenerator
 from envhub.rollout import batch_metrics, rollout
 from envhub.tools import ToolCall, ToolError, ToolResult, call_from_python, json_schema, parse_tool_calls, tool
 
@@ -200,13 +201,14 @@ def test_tool_fuzz_corpus_holds_the_named_kinds_of_junk():
 def test_people_type_calls_as_python():
     assert call_from_python('add(3, note="hi")', SCHEMAS) == ToolCall("add", {"amount": 3, "note": "hi"})
     assert call_from_python("add(__import__('os'))", SCHEMAS) is None and call_from_python("print(1)", SCHEMAS) is None
-    answers = iter(["help", "add(10)", "submit()"])
+    answers = iter(["help", 'calculate("1 + 2")'])
     shown = []
-    policy = HumanPolicy(prompt=lambda _: next(answers), show=shown.append)
-    env = Counter()
-    observation, _ = env.reset(seed=0)
-    assert json.loads(policy.act(env, observation)) == {"name": "add", "arguments": {"amount": 10}}
-    assert "add(amount: integer, note: string = optional)" in shown[0]
+    human = HumanGenerator(prompt=lambda _: next(answers), show=shown.append)
+    with EnvGroupManager(COUNTDOWN, 1, 1, seed=0) as manager:
+        manager.reset()
+        reply = human.generate(manager.prompts(), SamplingParams())[0].text
+    assert reply == '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1 + 2"}}\n</tool_call>'
+    assert "calculate(expression: string)" in shown[0]
 
 
 # ---------------------------------------------------------------------------------------- the envs

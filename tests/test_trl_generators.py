@@ -29,7 +29,8 @@ from envhub.actions import get_format, parse_reply  # noqa: E402
 
 import envhub  # noqa: E402
 from envhub.error import PolicyError  # noqa: E402
-from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams, get_policy  # noqa: E402
+from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParams  # noqa: E402
+from envhub.play import get_player  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout  # noqa: E402
 
@@ -455,20 +456,27 @@ def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):
 
 
 def test_run_policy_model_path_plays_through_the_hook(tiny_path):
-    import envhub
     from envhub.cli import play_episode
+    from envhub.play import Player
 
-    policy = get_policy(str(tiny_path), LAKE, seed=0)
-    record = play_episode(envhub.make(LAKE, max_turns=3), policy, seed=0, echo=False)
+    player = get_player(str(tiny_path), LAKE, seed=0)
+    assert isinstance(player, Player) and player.tokenizer is not None
+    manager = player.manager(LAKE, max_turns=3)
+    record = play_episode(manager, player, seed=0, echo=False)
     assert record["env_id"] == LAKE and 1 <= record["turns"] <= 3 and len(record["transcript"]) == record["turns"] + 1
-    assert [m["role"] for m in policy.messages] == ["system"] + ["user", "assistant"] * record["turns"]
-    replies = [m["content"] for m in policy.messages if m["role"] == "assistant"]
-    for step, reply in zip(record["transcript"][1:], replies):  # the named action, or the reply the env rejects
-        assert step["action"] in {"Left", "Down", "Right", "Up"} or (step["action"] == reply and not step["info"]["action_is_valid"])
-        if not step["info"]["action_is_valid"]:  # judged in the reply format, as in training
-            assert step["info"]["invalid_reason"] == parse_reply(reply, ["Left", "Down", "Right", "Up"], policy.fmt).error
+    # the model's conversation is the manager's: rendered and judged exactly as in training
+    trajectory = manager.trajectories()[0]
+    assert [m["role"] for m in trajectory.messages] == ["system"] + ["user", "assistant"] * record["turns"]
+    assert manager.fmt == get_format(player.prompt.action_format or "answer") and manager.max_prompt_tokens == player.prompt.max_prompt_tokens
+    for step, turn in zip(record["transcript"][1:], trajectory.turns):
+        assert step["info"]["action_is_valid"] == turn.action_is_valid
+        if turn.action_is_valid:
+            assert step["action"] in {"Left", "Down", "Right", "Up"}
+        else:  # judged in the reply format, as in training: the illegal action named, or the whole reply
+            assert step["action"] in (turn.action, turn.reply)
+            assert step["info"]["invalid_reason"] == parse_reply(turn.reply, ["Left", "Down", "Right", "Up"], manager.fmt).error
     with pytest.raises(PolicyError):
-        get_policy(str(tiny_path / "missing"), LAKE)
+        get_player(str(tiny_path / "missing"), LAKE)
 
 
 def test_completion_text_matches_ids(hf, tokenizer):
@@ -525,14 +533,14 @@ def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_pat
 
 
 def test_run_policy_model_path_plays_a_tool_env_with_tool_messages(tiny_path):
-    import envhub
     from envhub.cli import play_episode
 
     env_id = "tools/Countdown-v0"
-    policy = get_policy(str(tiny_path), env_id, seed=0)
-    env = envhub.make(env_id, max_turns=3)
-    record = play_episode(env, policy, seed=0, echo=False)
-    assert policy.fmt == get_format("tool-call") and policy.tools == env.tool_schemas()
-    assert [m["role"] for m in policy.messages] == ["system", "user", "assistant"] + ["tool", "assistant"] * (record["turns"] - 1)
+    player = get_player(str(tiny_path), env_id, seed=0)
+    manager = player.manager(env_id, max_turns=3)
+    record = play_episode(manager, player, seed=0, echo=False)
+    trajectory = manager.trajectories()[0]
+    assert manager.fmt == get_format("tool-call") and trajectory.tools == envhub.make(env_id).tool_schemas()
+    assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant"] + ["tool", "assistant"] * (record["turns"] - 1)
     for step in record["transcript"][1:]:
         assert step["info"]["action_is_valid"] or step["info"]["invalid_reason"]

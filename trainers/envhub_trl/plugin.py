@@ -22,6 +22,6 @@ def register_commands(cli: Any) -> None:
 def make_policy(name: str, env_id: str, seed: Any) -> Any:
     """Play ``envhub run --policy MODEL`` with a model: tiny, smollm2-135m, a folder or a hub id (None for other names)."""
     from envhub_trl.models import is_model_name
-    from envhub_trl.policy import load_model_policy
+    from envhub_trl.policy import load_model_player
 
-    return load_model_policy(name, env_id, seed) if is_model_name(name) else None
+    return load_model_player(name, env_id, seed) if is_model_name(name) else None
