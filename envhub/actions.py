@@ -1,9 +1,16 @@
-"""Action formats: how an action is extracted from an LLM reply.
+"""Reply formats: how actions (or tool calls) are extracted from an LLM reply.
 
 The default format wants ``<answer>ACTION</answer>``, optionally preceded by
 ``<think>...</think>``. Several actions per reply (``Up || Left``) can be allowed with a cap, as
-RAGEN does. Parsing never raises on any reply: the result says whether the format was valid, which
-actions it named, and, if anything is wrong, why, in words the model can learn from.
+RAGEN does. The ``tool-call`` format reads the calls chat models write,
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, and checks them against the tools'
+JSON schemas (:class:`~envhub.core.ToolEnv`). Parsing never raises on any reply: the result says
+whether the format was valid, which actions it named, and, if anything is wrong, why, in words the
+model can learn from.
+
+Formats live in a registry (:data:`FORMATS`, :func:`register_format`); plugins add theirs through
+the ``register_formats`` hook, the way they add environments. A format is any hashable, picklable
+object with ``instructions()``, ``parse(reply, valid_actions, tools)`` and ``render(action)``.
 
 The parser scans for tags with ``str.find`` rather than regular expressions, so a megabyte of
 unclosed tags costs linear time.
@@ -12,10 +19,11 @@ unclosed tags costs linear time.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
-from envhub.core import TextEnv, match_action, shorten
+from envhub.core import TextEnv, ToolEnv, match_action, shorten
+from envhub.tools import CALL_CLOSE, CALL_OPEN, parse_tool_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +103,13 @@ class TagFormat:
         )
         return f"Reply with {think}{answer}.{several}"
 
-    def parse(self, reply: str, valid_actions: Sequence[str] | None = None) -> ParsedReply:
-        """Extract the action(s) from ``reply``; never raises for any string."""
+    def render(self, action: str) -> str:
+        """A reply in this format that names ``action`` (the expert's, an SFT target)."""
+        think = f"<{self.think_tag}></{self.think_tag}>" if self.require_think else ""
+        return f"{think}<{self.answer_tag}>{action}</{self.answer_tag}>"
+
+    def parse(self, reply: str, valid_actions: Sequence[str] | None = None, tools: Mapping[str, Any] | None = None) -> ParsedReply:
+        """Extract the action(s) from ``reply``; never raises for any string (``tools`` is unused)."""
         if not isinstance(reply, str):
             return ParsedReply((), False, False, f"the reply must be text, got {type(reply).__name__}")
         lower = reply.lower()
@@ -150,31 +163,129 @@ class TagFormat:
         return reply[start:end], end + len(tag) + 3, None
 
 
-#: The formats selectable by name (``--action-format`` and the trainer config).
-FORMATS: dict[str, TagFormat] = {
+@dataclasses.dataclass(frozen=True)
+class ToolCallFormat:
+    """``[reasoning] <tool_call>{"name": ..., "arguments": {...}}</tool_call> [<tool_call>...]``.
+
+    Each call is checked against the env's tool schemas: malformed JSON, an unknown tool, a
+    missing, unexpected or mistyped argument, or an over-long one make the reply invalid, with the
+    reason. Text outside the calls is allowed (a model's reasoning).
+
+    Attributes:
+        max_calls: how many calls one reply may carry; extra ones are dropped.
+        max_argument_chars: the longest text argument accepted (None: the env's own limit).
+    """
+
+    max_calls: int = 1
+    max_argument_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {self.max_calls}")
+
+    def instructions(self) -> str:
+        """Tell the model how to call a tool."""
+        several = f"You may make up to {self.max_calls} calls per reply; they run in order." if self.max_calls > 1 else "Make exactly one call per reply."
+        return (
+            f'Act by calling a tool: {CALL_OPEN}{{"name": "TOOL", "arguments": {{...}}}}{CALL_CLOSE}, '
+            f"with the arguments its schema asks for. {several} Each result comes back to you."
+        )
+
+    def render(self, action: str) -> str:
+        """A reply that makes the call ``action`` (canonical JSON)."""
+        return f"{CALL_OPEN}\n{action}\n{CALL_CLOSE}"
+
+    def parse(self, reply: str, valid_actions: Sequence[str] | None = None, tools: Mapping[str, Any] | None = None) -> ParsedReply:
+        """The calls of ``reply`` as actions (canonical JSON), checked against ``tools`` (tool
+        name -> JSON schema); never raises for any string."""
+        if not tools:
+            return ParsedReply((), False, False, "this environment has no tools; use a reply format such as 'answer'")
+        limit = self.max_argument_chars if self.max_argument_chars is not None else 2000
+        parsed = parse_tool_calls(reply, tools, self.max_calls, limit)
+        if parsed.error is not None:
+            actions = tuple(call.to_json() for call in parsed.calls)
+            return ParsedReply(actions, parsed.well_formed, False, parsed.error, None, parsed.dropped)
+        return ParsedReply(tuple(call.to_json() for call in parsed.calls), True, True, None, None, parsed.dropped)
+
+
+class ReplyFormat(Protocol):
+    """What a reply format provides (``TagFormat``, ``ToolCallFormat``, a plugin's own)."""
+
+    def instructions(self) -> str:
+        """Tell the model how to format a reply."""
+        ...
+
+    def parse(self, reply: str, valid_actions: Sequence[str] | None = None, tools: Mapping[str, Any] | None = None) -> ParsedReply:
+        """Extract the actions from ``reply``; never raise."""
+        ...
+
+    def render(self, action: str) -> str:
+        """A reply in this format that names ``action``."""
+        ...
+
+
+#: The formats selectable by name (``action_format`` of the prompt settings and the trainer config).
+FORMATS: dict[str, Any] = {
     "answer": TagFormat(),
     "think-answer": TagFormat(require_think=True),
+    "tool-call": ToolCallFormat(),
+    "tool-calls": ToolCallFormat(max_calls=4),
 }
+#: The plugin host binds this: it runs every plugin's ``register_formats`` hook, once.
+format_loader: Callable[[], None] | None = None
 
 
-def get_format(name: str) -> TagFormat:
-    """Return the action format called ``name``; a ``ValueError`` lists the known ones."""
+def register_format(name: str, fmt: Any) -> Any:
+    """Add the reply format ``fmt`` under ``name`` (plugins receive this as the ``register`` of
+    their ``register_formats`` hook).
+
+    Raises:
+        ValueError: if ``name`` is taken, or ``fmt`` lacks ``instructions``, ``parse`` or ``render``.
+    """
+    if name in FORMATS:
+        raise ValueError(f"the reply format {name!r} is registered twice; pick another name")
+    missing = [m for m in ("instructions", "parse", "render") if not callable(getattr(fmt, m, None))]
+    if missing:
+        raise ValueError(f"reply format {name!r} lacks {', '.join(missing)}(); a format has instructions(), parse() and render()")
+    FORMATS[name] = fmt
+    return fmt
+
+
+def get_format(name: str) -> Any:
+    """Return the reply format called ``name``; a ``ValueError`` lists the known ones."""
+    if name not in FORMATS and format_loader is not None:
+        format_loader()
     try:
         return FORMATS[name]
     except KeyError:
         raise ValueError(f"unknown action format {name!r}; choose one of {sorted(FORMATS)}") from None
 
 
-def parse_reply(reply: str, valid_actions: Sequence[str] | None = None, fmt: TagFormat | None = None) -> ParsedReply:
-    """Parse ``reply`` with ``fmt`` (default ``<answer>...</answer>``) against ``valid_actions``."""
-    return (fmt or FORMATS["answer"]).parse(reply, valid_actions)
+def env_format_name(env: Any) -> str:
+    """The reply format an env (or env class, or entry point) plays in when none is chosen:
+    its ``reply_format`` attribute (``tool-call`` for a :class:`~envhub.core.ToolEnv`), else ``answer``."""
+    name = getattr(env, "reply_format", None)
+    return name if isinstance(name, str) else "answer"
+
+
+def env_tools(env: TextEnv) -> dict[str, Any] | None:
+    """Tool name -> JSON schema of a :class:`~envhub.core.ToolEnv`; None for other envs."""
+    return env.tool_schema_map() if isinstance(env, ToolEnv) else None
+
+
+def parse_reply(
+    reply: str, valid_actions: Sequence[str] | None = None, fmt: Any | None = None, tools: Mapping[str, Any] | None = None
+) -> ParsedReply:
+    """Parse ``reply`` with ``fmt`` (default ``<answer>...</answer>``) against ``valid_actions`` (and ``tools``)."""
+    return (fmt or FORMATS["answer"]).parse(reply, valid_actions, tools)
 
 
 @dataclasses.dataclass
 class ReplyOutcome:
     """The result of applying one reply to an environment: the parse and the last step's results.
 
-    ``reward`` sums the rewards of every action the reply carried.
+    ``reward`` sums the rewards of every action the reply carried; ``observations`` holds each
+    step's observation (one per tool call of a reply with several), ``observation`` the last.
     """
 
     parsed: ParsedReply
@@ -183,22 +294,26 @@ class ReplyOutcome:
     terminated: bool
     truncated: bool
     info: dict[str, Any]
+    observations: tuple[str, ...] = ()
 
 
-def apply_reply(env: TextEnv, reply: str, fmt: TagFormat | None = None) -> ReplyOutcome:
+def apply_reply(env: TextEnv, reply: str, fmt: Any | None = None) -> ReplyOutcome:
     """Parse ``reply`` and take its action(s) in ``env``; never raises for any reply.
 
     A reply that breaks the format, or names an illegal action, spends one turn through
     ``env.reject`` and leaves the state unchanged. Several actions are taken in order until the
     episode ends.
     """
-    parsed = parse_reply(reply, env.valid_actions(), fmt)
+    parsed = (fmt or FORMATS["answer"]).parse(reply, env.valid_actions(), env_tools(env))
     if not parsed.valid:
-        return ReplyOutcome(parsed, *env.reject(parsed.error or "invalid reply"))
+        observation, reward, terminated, truncated, info = env.reject(parsed.error or "invalid reply")
+        return ReplyOutcome(parsed, observation, reward, terminated, truncated, info, (observation,))
     total = 0.0
+    observations = []
     for action in parsed.actions:
         observation, reward, terminated, truncated, info = env.step(action)
+        observations.append(observation)
         total += float(reward)
         if terminated or truncated or not info["action_is_valid"]:
             break
-    return ReplyOutcome(parsed, observation, total, terminated, truncated, info)
+    return ReplyOutcome(parsed, observation, total, terminated, truncated, info, tuple(observations))

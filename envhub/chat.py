@@ -18,11 +18,12 @@ base models, ``<|im_start|>`` in SmolLM2's GGUF); generators stop replies on :fu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
-from envhub.actions import TagFormat
 from envhub.error import EnvhubError
+from envhub.tools import tools_text
 
 
 class ChatTemplateError(EnvhubError):
@@ -31,11 +32,18 @@ class ChatTemplateError(EnvhubError):
 
 _MARK = "\x00envhub-reply\x00"
 _REFERENCE = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": _MARK})
+#: A tool no template knows, to tell whether a template renders ``tools=``.
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "envhub_probe_tool", "description": "probe", "parameters": {"type": "object", "properties": {}}},
+}
+_TOOL_MARK = "\x00envhub-tool-result\x00"
 
 
-def _render_reference(tokenizer: Any) -> tuple[str, str]:
+def _render_reference(tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> tuple[str, str]:
     """The template's rendering of a reference conversation ending in a reply, and what it writes after that reply."""
-    rendered = tokenizer.apply_chat_template(list(_REFERENCE), tokenize=False, add_generation_prompt=False)
+    extra = {"tools": list(tools)} if tools else {}
+    rendered = tokenizer.apply_chat_template(list(_REFERENCE), tokenize=False, add_generation_prompt=False, **extra)
     end = rendered.rfind(_MARK)
     if end < 0:
         raise ChatTemplateError("the chat template drops the assistant's reply; it cannot be used for multi-turn rollouts")
@@ -81,6 +89,30 @@ def end_of_turn_ids(tokenizer: Any) -> list[int]:
     return _leading_special(tokenizer, _render_reference(tokenizer)[1])
 
 
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders tool schemas passed as ``tools=`` (Qwen2.5,
+    Llama 3.1, Hermes do; plain ChatML, as in SmolLM2-135M, ignores them)."""
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "u"}], tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # a template that rejects the argument does not render tools
+        return False
+    return isinstance(rendered, str) and "envhub_probe_tool" in rendered
+
+
+def tool_message_role(tokenizer: Any) -> str:
+    """``"tool"`` where the chat template renders ``tool`` messages after a reply, else ``"user"``
+    (the fallback: :meth:`ChatRenderer.tool_messages` then wraps each result in ``<tool_response>`` tags)."""
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [*_REFERENCE, {"role": "tool", "content": _TOOL_MARK}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # templates that enforce user/assistant alternation raise on other roles
+        return "user"
+    return "tool" if isinstance(rendered, str) and _TOOL_MARK in rendered else "user"
+
+
 def stop_token_ids(tokenizer: Any) -> list[int]:
     """The token ids a generator stops a reply at: :func:`end_of_turn_ids`, then the tokenizer's eos ids."""
     ids = end_of_turn_ids(tokenizer)
@@ -91,12 +123,12 @@ class ChatRenderer:
     """How an environment's text becomes chat messages.
 
     Args:
-        fmt: the action format, whose instructions close the system message.
+        fmt: the reply format, whose instructions close the system message.
         system_prompt: text put before the environment's instructions.
         show_legal_actions: list the legal actions in every user message (finite action sets).
     """
 
-    def __init__(self, fmt: TagFormat, system_prompt: str | None = None, show_legal_actions: bool = True):
+    def __init__(self, fmt: Any, system_prompt: str | None = None, show_legal_actions: bool = True):
         self.fmt = fmt
         self.system_prompt = system_prompt
         self.show_legal_actions = show_legal_actions
@@ -104,10 +136,20 @@ class ChatRenderer:
         self._legal: list[str] = []
         self._legal_line = ""
 
-    def system(self, instructions: str) -> str:
-        """The system message: the optional preamble, the task's rules, the reply format."""
-        parts = [self.system_prompt, instructions.strip(), self.fmt.instructions()]
+    def system(self, instructions: str, tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The system message: the optional preamble, the task's rules, the reply format, and
+        ``tools`` written out (:func:`envhub.tools.tools_text`) when given: the fallback for a
+        chat template that does not render ``tools=`` itself."""
+        parts = [self.system_prompt, instructions.strip(), self.fmt.instructions(), tools_text(tools) if tools else None]
         return "\n\n".join(part for part in parts if part)
+
+    @staticmethod
+    def tool_messages(results: Sequence[str], role: str = "tool") -> list[dict[str, str]]:
+        """One message per tool result; with ``role="user"`` (a template without a ``tool`` role)
+        each result is wrapped in ``<tool_response>`` tags, as Hermes and Qwen2.5 templates do."""
+        if role == "tool":
+            return [{"role": "tool", "content": result} for result in results]
+        return [{"role": role, "content": f"<tool_response>\n{result}\n</tool_response>"} for result in results]
 
     def user(self, observation: str, turn: int, max_turns: int | None, valid_actions: Sequence[str] | None) -> str:
         """The user message of turn ``turn`` (from 0): where we are, what is left, what is legal."""
@@ -147,12 +189,28 @@ class ChatTokens:
         self._reference = list(_REFERENCE)
         #: What the template writes after a reply's content (e.g. ``<|im_end|>\n``).
         self._reference_text, self.turn_end = _render_reference(tokenizer)
+        #: The reference rendering per tool list (templates put the tools in the system block).
+        self._tool_references: dict[str, str] = {}
         #: The tokens that end a reply's turn (:func:`end_of_turn_ids`).
         self.end_of_turn_ids = _leading_special(tokenizer, self.turn_end)
         self._stop_ids = set(self.end_of_turn_ids) | set(_eos_ids(tokenizer))
+        #: Whether the template renders ``tools=`` (else the manager writes them into the system message).
+        self.renders_tools = renders_tools(tokenizer)
+        #: The role tool results take in this template (:func:`tool_message_role`).
+        self.tool_role = tool_message_role(tokenizer)
 
-    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool, tools: Sequence[dict[str, Any]] | None = None) -> str:
+        extra = {"tools": list(tools)} if tools and self.renders_tools else {}
+        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt, **extra)
+
+    def _reference_for(self, tools: Sequence[dict[str, Any]] | None) -> str:
+        if not (tools and self.renders_tools):
+            return self._reference_text
+        key = json.dumps(list(tools), sort_keys=True)
+        text = self._tool_references.get(key)
+        if text is None:
+            text = self._tool_references[key] = _render_reference(self.tokenizer, tools)[0]
+        return text
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no special tokens added.
@@ -168,16 +226,25 @@ class ChatTokens:
             self._encoded[text] = ids
         return list(ids)
 
-    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` rendered with the generation prompt (a whole prompt)."""
-        return self.encode(self._render(messages, generation_prompt=True))
+    def prompt(self, messages: Sequence[dict[str, str]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of ``messages`` rendered with the generation prompt (a whole prompt), with
+        ``tools`` passed to the template where it renders them."""
+        return self.encode(self._render(messages, True, tools))
 
-    def continuation(self, completion_ids: Sequence[int], finish_reason: str, new_messages: Sequence[dict[str, str]]) -> list[int]:
+    def continuation(
+        self,
+        completion_ids: Sequence[int],
+        finish_reason: str,
+        new_messages: Sequence[dict[str, str]],
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids the environment appends after a sampled reply: the end of the reply's turn
-        that the model did not sample, then ``new_messages`` and the generation prompt.
+        that the model did not sample, then ``new_messages`` (user or tool messages) and the
+        generation prompt. ``tools`` are the conversation's tools, as in :meth:`prompt`.
         """
-        rendered = self._render([*self._reference, *new_messages], generation_prompt=True)
-        if not rendered.startswith(self._reference_text):
+        reference_text = self._reference_for(tools)
+        rendered = self._render([*self._reference, *new_messages], True, tools)
+        if not rendered.startswith(reference_text):
             raise ChatTemplateError(
                 "the chat template renders earlier turns differently once messages are appended; "
                 "use the step layout or a template that only appends"
@@ -187,4 +254,4 @@ class ChatTokens:
             sampled_end = self.tokenizer.decode([completion_ids[-1]], skip_special_tokens=False)
             if tail.startswith(sampled_end):
                 tail = tail[len(sampled_end) :]
-        return self.encode(tail + rendered[len(self._reference_text) :])
+        return self.encode(tail + rendered[len(reference_text) :])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -24,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from envhub.actions import TagFormat, apply_reply
-from envhub.core import INFO_KEYS, TextEnv
+from envhub.actions import apply_reply, env_format_name, get_format
+from envhub.core import INFO_KEYS, TextEnv, ToolEnv
 from envhub.error import MissingDependency
 from envhub.registration import EnvSpec, make, spec
 
@@ -206,6 +207,73 @@ def malformed_replies(legal: list[str] | None, count: int = 1000, seed: int = 0)
         produced += 1
 
 
+def malformed_tool_calls(schemas: list[dict[str, Any]], count: int = 500, seed: int = 0) -> Iterator[str]:
+    """Yield at least ``count`` bad tool-call replies for tools with ``schemas``: malformed JSON,
+    unknown tools, missing, unexpected and mistyped arguments, huge arguments, arguments as the
+    wrong JSON kind, nested and unclosed tags, deep nesting."""
+    rng = np.random.default_rng(seed)
+    names = [s["function"]["name"] for s in schemas] or ["tool"]
+    params = {s["function"]["name"]: list(s["function"]["parameters"].get("properties", {})) for s in schemas}
+
+    def call(body: str) -> str:
+        return f"<tool_call>{body}</tool_call>"
+
+    first = names[0]
+    arg = (params.get(first) or ["x"])[0]
+    fixed = [
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_call></tool_call>",
+        call("   "),
+        call("{"),
+        call("{'name': '%s', 'arguments': {}}" % first),  # Python, not JSON
+        call('{"name": "%s", "arguments": {"%s": "x"}' % (first, arg)),  # unclosed
+        call('{"name": "%s", "arguments": {"%s": "x"}}}' % (first, arg)),  # extra brace
+        call("[]"),
+        call("null"),
+        call("42"),
+        call('"%s"' % first),
+        call('{"arguments": {}}'),
+        call('{"name": 7, "arguments": {}}'),
+        call('{"name": "", "arguments": {}}'),
+        call('{"name": "no_such_tool", "arguments": {}}'),
+        call('{"name": "%s", "arguments": []}' % first),
+        call('{"name": "%s", "arguments": "not json"}' % first),
+        call('{"name": "%s", "arguments": {}, "extra": 1}' % first),
+        call('{"name": "%s", "arguments": {"%s": "%s"}}' % (first, arg, "x" * (1 << 20))),  # a megabyte argument
+        call('{"name": "%s", "arguments": {"%s": %s}}' % (first, arg, "[" * 100_000 + "]" * 100_000)),  # deep nesting
+        call('{"name": "%s", "arguments": {"%s": "%s"}}' % (first, arg, "\ud800")),
+        "<tool_call><tool_call>{}</tool_call></tool_call>",
+        call('{"name": "%s", "arguments": {}}' % first) + "<tool_call>",
+        "</tool_call>" + call('{"name": "%s", "arguments": {}}' % first),
+        "<tool_call>" * 50_000,
+        call(call('{"name": "%s", "arguments": {}}' % first)),
+        '{"name": "%s", "arguments": {"%s": 1}}' % (first, arg),  # bare JSON with a wrong type
+    ]
+    yield from fixed
+    produced = len(fixed)
+    wrong_values = ["1", "1.5", "true", "null", "[]", "{}", '["a", 1]', '"\u0000"', '"🧊"', "-1e309"]
+    while produced < count:
+        name = names[produced % len(names)]
+        keys = params.get(name) or ["x"]
+        shape = produced % 5
+        if shape == 0:  # every argument of the wrong kind
+            body = {k: "__V__" for k in keys}
+            text = json.dumps({"name": name, "arguments": body}).replace('"__V__"', wrong_values[int(rng.integers(len(wrong_values)))])
+        elif shape == 1:  # a required argument missing, an unknown one added
+            text = json.dumps({"name": name, "arguments": {f"{keys[0]}_{produced}": "x"}})
+        elif shape == 2:  # a misspelt tool name
+            text = json.dumps({"name": name[::-1] + str(produced), "arguments": {}})
+        elif shape == 3:  # JSON cut short at a random point
+            whole = json.dumps({"name": name, "arguments": {k: "v" for k in keys}})
+            text = whole[: int(rng.integers(1, len(whole)))]
+        else:  # random bytes between the tags
+            length = int(rng.integers(1, 64))
+            text = "".join(chr(int(c)) for c in rng.integers(1, 0x2FFF, size=length) if not 0xD800 <= c <= 0xDFFF)
+        yield call(text)
+        produced += 1
+
+
 # ---------------------------------------------------------------------- the checks
 
 
@@ -303,13 +371,17 @@ def _check_turn_limit(env: TextEnv) -> None:
 
 
 def _check_fuzz(env: TextEnv, count: int) -> None:
-    """Send every reply through the action format, and straight to ``step`` as a raw action."""
-    fmt = TagFormat()
+    """Send every reply through the env's reply format, and straight to ``step`` as a raw action
+    (a tool env also gets :func:`malformed_tool_calls`)."""
+    fmt = get_format(env_format_name(env))
     env.reset(seed=5)
     crashes: list[str] = []
     changed: list[str] = []
     n = 0
-    for reply in malformed_replies(env.valid_actions(), count):
+    replies = malformed_replies(env.valid_actions(), count)
+    if isinstance(env, ToolEnv):
+        replies = itertools.chain(replies, malformed_tool_calls(env.tool_schemas(), count // 2))
+    for reply in replies:
         n += 1
         for route in ("reply", "raw action"):
             before = env.state_key()

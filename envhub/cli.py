@@ -17,11 +17,12 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
-from envhub.core import shorten
+from envhub.core import ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.manager import EnvGroupManager
 from envhub.play import HumanGenerator, Player, StartError, Step, get_player, play
 from envhub.registration import registry, spec
+from envhub.tools import describe_tools
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -264,6 +265,9 @@ def play_episode(
     def start(step: Step, env: Any) -> None:
         if show_instructions:
             click.echo(env.instructions)
+            if isinstance(env, ToolEnv):
+                click.echo("\nTools:\n" + describe_tools(env.tool_schemas()))
+                click.echo('Call a tool as Python, search("words"), or as JSON {"name": "search", "arguments": {"query": "words"}}.')
         if sink is not None:
             sink.start_episode()
             sink.add(env.render_rgb())

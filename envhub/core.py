@@ -13,7 +13,8 @@ and explain themselves, the turn limit truncates, and stepping a finished episod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, SupportsFloat
 
 import gymnasium
@@ -321,3 +322,112 @@ class DiscreteTextEnv(TextEnv):
 
 # Normalised-name lookups per action-name tuple, shared by every instance with those names.
 _LOOKUPS: dict[tuple[str, ...], dict[str, str]] = {}
+
+
+class ToolEnv(TextEnv):
+    """A ``TextEnv`` the model plays by calling tools (Agent-R1's ToolEnv, OpenAI function calling).
+
+    Set these in all subclasses:
+
+    - tools: methods marked with :func:`envhub.tools.tool`, typed, with Google-style docstrings;
+      their JSON schemas (:meth:`tool_schemas`) come from those. A tool returns its result as text,
+      or a :class:`~envhub.tools.ToolResult` to give a reward or end the episode, or raises
+      :class:`~envhub.tools.ToolError`, whose message becomes the result.
+    - ``final_tools``: the tools whose call ends the episode (``("submit",)``).
+    - ``_reset(options)``, ``state_key()``, ``is_success()``, ``render_text()``, and
+      ``expert_action()`` where an oracle exists (return :meth:`call_action`'s string).
+
+    An action is one tool call as JSON, ``{"name": ..., "arguments": {...}}`` (or a reply with
+    one ``<tool_call>`` block); ``valid_actions()`` is None. A call that names no tool, misses an
+    argument or has one of the wrong type is an invalid action whose observation says exactly what
+    was wrong. The first observation is the task (a user message); every later one is a tool's
+    result (a ``tool`` message).
+    """
+
+    #: The reply format the manager applies to this env when none is chosen.
+    reply_format: str = "tool-call"
+    #: The tools whose call ends the episode.
+    final_tools: tuple[str, ...] = ()
+    #: The longest text argument a call may carry (a longer one is an invalid action).
+    max_argument_chars: int = 2000
+
+    _tool_names: tuple[str, ...] = ()
+    _schemas: tuple[dict[str, Any], ...] = ()
+    _schema_map: Mapping[str, dict[str, Any]] = MappingProxyType({})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from envhub.tools import json_schema
+
+        names: list[str] = []
+        for klass in reversed(cls.__mro__):
+            for name, member in vars(klass).items():
+                if getattr(member, "__envhub_tool__", False) and name not in names:
+                    names.append(name)
+        clashes = [name for name in names if hasattr(TextEnv, name)]
+        if clashes:
+            raise TypeError(f"{cls.__name__}: tools may not be named after TextEnv's own methods ({', '.join(clashes)})")
+        cls._tool_names = tuple(names)
+        cls._schemas = tuple(json_schema(getattr(cls, name)) for name in names)
+        cls._schema_map = MappingProxyType(dict(zip(names, cls._schemas)))
+        unknown = sorted(set(cls.final_tools) - set(names))
+        if unknown and names:
+            raise TypeError(f"{cls.__name__}.final_tools names {unknown}, which are not tools of {cls.__name__} ({', '.join(names)})")
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas in the OpenAI function-calling shape (``tools=`` of a chat template)."""
+        return [dict(schema) for schema in self._schemas]
+
+    def tool_schema_map(self) -> Mapping[str, dict[str, Any]]:
+        """Tool name -> JSON schema (read-only; one mapping per class, so callers may cache on it)."""
+        return self._schema_map
+
+    def call_action(self, name: str, **arguments: Any) -> str:
+        """The action string of a call of tool ``name`` (canonical JSON), e.g. for ``expert_action``."""
+        from envhub.tools import ToolCall
+
+        return ToolCall(name, arguments).to_json()
+
+    def valid_actions(self) -> None:
+        """None: a tool env's actions are tool calls, checked against the tools' schemas."""
+        return None
+
+    def parse_action(self, action: str) -> str:
+        """Return ``action``'s call as canonical JSON, after checking it against the schemas.
+
+        Raises:
+            InvalidAction: naming what was wrong (malformed JSON, unknown tool, a missing,
+                unexpected or mistyped argument).
+        """
+        from envhub.tools import parse_action_call
+
+        call, error = parse_action_call(action, self.tool_schema_map(), self.max_argument_chars)
+        if call is None:
+            raise InvalidAction(error or "not a tool call")
+        return call.to_json()
+
+    def reject(self, reason: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Spend a turn on a bad call: the state is unchanged and the result is the reason (the
+        last tool result is not repeated: the model still has it in its context)."""
+        if self._episode_over:
+            raise ResetNeeded(f"{type(self).__name__}.reject() was called with no episode running")
+        self._turn += 1
+        info = self._info(False, {"invalid_reason": reason})
+        return self._finish(f"Error: {reason}", 0.0, False, info)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        import json
+
+        from envhub.tools import ToolError, ToolResult
+
+        call = json.loads(action)
+        name, arguments = call["name"], call["arguments"]
+        extra: dict[str, Any] = {"tool": name}
+        try:
+            result = getattr(self, name)(**arguments)
+        except ToolError as exc:
+            return f"Error: {exc}", 0.0, False, {**extra, "tool_error": str(exc)}
+        if isinstance(result, ToolResult):
+            terminated = result.terminated or name in self.final_tools
+            return result.content, float(result.reward), terminated, {**extra, **result.info}
+        return str(result), 0.0, name in self.final_tools, extra

@@ -18,8 +18,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from envhub.actions import ParsedReply, TagFormat, apply_reply
-from envhub.core import TextEnv, shorten
+from envhub.actions import ParsedReply, apply_reply
+from envhub.core import TextEnv, ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.registration import EnvSpec
 
@@ -70,7 +70,7 @@ class StepRequest:
 
     slots: Sequence[int]
     replies: Sequence[str]
-    fmt: TagFormat
+    fmt: Any
     expert: bool = False
 
     def __post_init__(self) -> None:
@@ -100,6 +100,9 @@ class EnvState:
         instructions: the environment's instructions (on reset).
         max_turns: the environment's turn limit (on reset).
         error: the environment's exception and where it was raised, when it raised.
+        tools: a tool env's tool schemas (on reset), else None.
+        observations: each step's observation when the reply carried several actions (tool
+            calls), in order; empty when it carried one.
     """
 
     observation: str = ""
@@ -115,6 +118,8 @@ class EnvState:
     instructions: str = ""
     max_turns: int | None = None
     error: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    observations: tuple[str, ...] = ()
 
 
 def _describe_error(exc: BaseException) -> str:
@@ -136,26 +141,27 @@ class MemoizedFormat:
         max_reply_length: longer replies are parsed every time (they rarely repeat).
     """
 
-    def __init__(self, fmt: TagFormat, max_entries: int = 4096, max_reply_length: int = 256):
+    def __init__(self, fmt: Any, max_entries: int = 4096, max_reply_length: int = 256):
         self.fmt = fmt
         self.max_entries = max_entries
         self.max_reply_length = max_reply_length
-        # reply -> [(legal actions, parse)]: a hit compares lists and allocates nothing
-        self._cache: dict[str, list[tuple[list[str] | None, ParsedReply]]] = {}
+        # reply -> [(legal actions, tools, parse)]: a hit compares lists and allocates nothing.
+        # Tool schemas are one read-only mapping per env class, so they compare by identity.
+        self._cache: dict[str, list[tuple[list[str] | None, Any, ParsedReply]]] = {}
 
-    def parse(self, reply: str, valid_actions: Sequence[str] | None = None) -> ParsedReply:
-        """``fmt.parse(reply, valid_actions)``, from the cache when seen before."""
+    def parse(self, reply: str, valid_actions: Sequence[str] | None = None, tools: Any = None) -> ParsedReply:
+        """``fmt.parse(reply, valid_actions, tools)``, from the cache when seen before."""
         if not isinstance(reply, str) or len(reply) > self.max_reply_length:
-            return self.fmt.parse(reply, valid_actions)
+            return self.fmt.parse(reply, valid_actions, tools)
         entries = self._cache.get(reply)
         if entries is not None:
-            for legal, parsed in entries:
-                if legal == valid_actions:
+            for legal, known_tools, parsed in entries:
+                if legal == valid_actions and known_tools is tools:
                     return parsed
-        parsed = self.fmt.parse(reply, valid_actions)
+        parsed = self.fmt.parse(reply, valid_actions, tools)
         if len(self._cache) >= self.max_entries:
             self._cache.clear()
-        self._cache.setdefault(reply, []).append((list(valid_actions) if valid_actions is not None else None, parsed))
+        self._cache.setdefault(reply, []).append((list(valid_actions) if valid_actions is not None else None, tools, parsed))
         return parsed
 
 
@@ -164,7 +170,7 @@ class EnvWorker:
 
     def __init__(self) -> None:
         self.envs: dict[int, TextEnv] = {}
-        self._formats: dict[TagFormat, MemoizedFormat] = {}
+        self._formats: dict[Any, MemoizedFormat] = {}
         self._made_with: dict[int, tuple[str, str, str, int | None]] = {}
 
     def reset(self, requests: Sequence[ResetRequest]) -> list[EnvState]:
@@ -202,6 +208,7 @@ class EnvWorker:
                         parsed.format_valid,
                         parsed.action,
                         None if info["action_is_valid"] else info.get("invalid_reason"),
+                        observations=outcome.observations if len(outcome.observations) > 1 else (),
                     )
                 )
             except KeyboardInterrupt:
@@ -227,6 +234,7 @@ class EnvWorker:
                 expert_action=env.expert_action() if request.expert else None,
                 instructions=env.instructions,
                 max_turns=env.max_turns,
+                tools=env.tool_schemas() if isinstance(env, ToolEnv) else None,
             )
         except KeyboardInterrupt:
             raise

@@ -108,12 +108,17 @@ class Prompt:
         messages: the conversation as chat messages (``{"role", "content"}``), the last one the user's.
         valid_actions: the actions legal now, or None for open action spaces.
         expert_action: the environment's oracle action, when the manager was asked for it.
+        tools: a tool env's tool schemas (for chat APIs that take ``tools=``), else None.
+        reply_format: the reply format the env is played in (model-free generators write their
+            action in it); None for ``<answer>...</answer>``.
     """
 
     token_ids: list[int]
     messages: list[dict[str, str]]
     valid_actions: list[str] | None = None
     expert_action: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    reply_format: Any = None
 
 
 @dataclasses.dataclass
@@ -155,7 +160,8 @@ class Generator(Protocol):
 
 
 class _ActionGenerator:
-    """Shared body of the model-free generators: reply ``<answer>ACTION</answer>``."""
+    """Shared body of the model-free generators: reply ``<answer>ACTION</answer>``, or the action
+    in the prompt's reply format (a ``<tool_call>`` for a tool env)."""
 
     uses_expert = False
 
@@ -173,7 +179,8 @@ class _ActionGenerator:
             self._turn_end = end_of_turn_ids(self.tokenizer)[:1]
         completions = []
         for prompt in prompts:
-            text = f"<answer>{self._action(prompt)}</answer>"
+            action = self._action(prompt)
+            text = prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>"
             ids: list[int] = []
             if self.tokenizer is not None:
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + (self._turn_end or [])

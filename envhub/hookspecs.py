@@ -16,6 +16,11 @@ def register_envs(register: Any) -> None:
 
 
 @hookspec
+def register_formats(register: Any) -> None:
+    """Register reply formats: call ``register(name, fmt)`` (see :func:`envhub.actions.register_format`)."""
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add click commands or groups to the ``envhub`` command-line group ``cli``."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from envhub.actions import TagFormat, get_format
+from envhub.actions import env_format_name, get_format
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
@@ -41,7 +41,7 @@ class _Slot:
     """One environment's live state in the manager."""
 
     __slots__ = ("trajectory", "observation", "valid_actions", "expert_action", "state_key",
-                 "max_turns", "renderer", "context", "next_input", "active")
+                 "max_turns", "renderer", "context", "next_input", "active", "tools", "fmt")
 
     def __init__(self, trajectory: Trajectory):
         self.trajectory = trajectory
@@ -54,6 +54,9 @@ class _Slot:
         self.context: list[int] = []
         self.next_input: list[int] = []
         self.active = False
+        #: A tool env's tool schemas, else None.
+        self.tools: list[dict[str, Any]] | None = None
+        self.fmt: Any = None
 
 
 class EnvGroupManager:
@@ -75,7 +78,9 @@ class EnvGroupManager:
         max_prompt_tokens: the context budget: an episode whose next prompt would be longer ends,
             truncated. None for no budget. Needs a tokenizer.
         format_penalty: added to the reward of every invalid reply (format or illegal action).
-        action_format: the reply format, by name (``"answer"``, ``"think-answer"``) or a ``TagFormat``.
+        action_format: the reply format, by name (``"answer"``, ``"think-answer"``, ``"tool-call"``,
+            or one a plugin registered) or a format object; None plays each env in its own
+            (``tool-call`` for a :class:`~envhub.core.ToolEnv`, ``answer`` otherwise).
         system_prompt: text put before each environment's instructions.
         instructions: text that replaces every environment's own instructions in the system
             message (a short prompt for a small model); None keeps the environments'.
@@ -100,7 +105,7 @@ class EnvGroupManager:
         tokenizer: Any | None = None,
         max_prompt_tokens: int | None = None,
         format_penalty: float = 0.0,
-        action_format: str | TagFormat = "answer",
+        action_format: str | Any | None = None,
         system_prompt: str | None = None,
         instructions: str | None = None,
         show_legal_actions: bool = True,
@@ -140,7 +145,11 @@ class EnvGroupManager:
         self.history_turns = history_turns
         self.max_prompt_tokens = max_prompt_tokens
         self.format_penalty = float(format_penalty)
-        self.fmt = get_format(action_format) if isinstance(action_format, str) else action_format
+        chosen = get_format(action_format) if isinstance(action_format, str) else action_format
+        #: The reply format of each env id (a mix of tool and text envs plays each in its own).
+        self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
+        #: The reply format of the first env id.
+        self.fmt = self.formats[self.group_env_ids[0]]
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions)
         self.instructions = instructions
         unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in (per_env or {}).items()}
@@ -152,11 +161,13 @@ class EnvGroupManager:
         defaults = {"max_turns": max_turns, "instructions": instructions, "system_prompt": system_prompt, "show_legal_actions": show_legal_actions}
         #: Per env id: its turn limit, instructions override and renderer.
         self._per_env: dict[str, tuple[int | None, str | None, ChatRenderer]] = {}
+        renderers = {(self.fmt, system_prompt, show_legal_actions): self.renderer}
         for i in partition:
             own = {**defaults, **(per_env or {}).get(i, {})}
-            renderer = self.renderer if all(own[k] == defaults[k] for k in ("system_prompt", "show_legal_actions")) else ChatRenderer(
-                self.fmt, own["system_prompt"], own["show_legal_actions"]
-            )
+            key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
+            renderer = renderers.get(key)
+            if renderer is None:
+                renderer = renderers[key] = ChatRenderer(*key)
             self._per_env[i] = (own["max_turns"], own["instructions"], renderer)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
@@ -211,11 +222,16 @@ class EnvGroupManager:
                 continue
             slot.active = True
             slot.max_turns = state.max_turns
+            slot.fmt = self.formats[slot.trajectory.env_id]
+            slot.tools = slot.trajectory.tools = state.tools
             _, instructions, slot.renderer = self._per_env[slot.trajectory.env_id]
-            slot.trajectory.system = slot.renderer.system(state.instructions if instructions is None else instructions)
+            # Tools reach the model through the chat template's tools= where it renders them, else
+            # written into the system message (envhub.tools.tools_text).
+            written_tools = state.tools if state.tools and (self.tokens is None or not self.tokens.renders_tools) else None
+            slot.trajectory.system = slot.renderer.system(state.instructions if instructions is None else instructions, written_tools)
             self._observe(slot, state)
             if self.tokens is not None:
-                ids = self.tokens.prompt(self._prompt_messages(slot))
+                ids = self.tokens.prompt(self._prompt_messages(slot), slot.tools)
                 slot.next_input = ids
                 slot.context = list(ids) if self.layout == "trajectory" else []
                 self._check_budget(slot)
@@ -242,8 +258,9 @@ class EnvGroupManager:
         """The next prompt of the running episode of ``slot`` (the continuous rollout asks slot by slot)."""
         state = self._slots[slot]
         if self.tokens is None:
-            return Prompt([], self._prompt_messages(state), state.valid_actions, state.expert_action)
-        return Prompt(list(state.context if self.layout == "trajectory" else state.next_input), [], state.valid_actions, state.expert_action)
+            return Prompt([], self._prompt_messages(state), state.valid_actions, state.expert_action, state.tools, state.fmt)
+        ids = state.context if self.layout == "trajectory" else state.next_input
+        return Prompt(list(ids), [], state.valid_actions, state.expert_action, state.tools, state.fmt)
 
     def step(self, replies: Sequence[Completion | str]) -> None:
         """Apply one reply per prompt of the last ``prompts()`` call, in that order.
@@ -264,11 +281,25 @@ class EnvGroupManager:
         """Apply ``replies`` to the running episodes of ``slots`` (same order): the env steps, then
         :meth:`apply`. Any subset of the running slots may step: the continuous rollout steps
         each env as soon as its reply is done."""
-        self.apply(slots, replies, self.executor.step(self.step_request(slots, replies)))
+        self.apply(slots, replies, self.step_states(slots, replies))
 
-    def step_request(self, slots: Sequence[int], replies: Sequence[Completion | str]) -> StepRequest:
-        """The executor's request that applies ``replies`` to ``slots`` (to run it elsewhere, e.g. in a thread)."""
-        return StepRequest(list(slots), [r if isinstance(r, str) else r.text for r in replies], self.fmt, self.expert_hints)
+    def step_states(self, slots: Sequence[int], replies: Sequence[Completion | str]) -> list[EnvState]:
+        """The env steps of ``replies`` on ``slots`` through the executor, one request per reply
+        format (a mix may hold text and tool envs); the envs' answers in order. It changes nothing
+        of the manager, so it may run in another thread (the continuous rollout's env threads)
+        while this one records other answers with :meth:`apply`."""
+        texts = [r if isinstance(r, str) else r.text for r in replies]
+        by_format: dict[Any, list[int]] = {}
+        for position, i in enumerate(slots):
+            by_format.setdefault(self._slots[i].fmt, []).append(position)
+        if len(by_format) == 1:
+            return self.executor.step(StepRequest(list(slots), texts, self._slots[slots[0]].fmt, self.expert_hints))
+        states: list[Any] = [None] * len(texts)
+        for fmt, positions in by_format.items():  # a mix of reply formats: answers put back in order
+            request = StepRequest([slots[p] for p in positions], [texts[p] for p in positions], fmt, self.expert_hints)
+            for p, state in zip(positions, self.executor.step(request)):
+                states[p] = state
+        return states
 
     def apply(self, slots: Sequence[int], replies: Sequence[Completion | str], states: Sequence[EnvState]) -> None:
         """Record the envs' answers ``states`` to ``replies`` (from :meth:`step_request` run by the
@@ -302,11 +333,18 @@ class EnvGroupManager:
         trajectory.pending_user = slot.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
 
     def _prompt_messages(self, slot: _Slot) -> list[dict[str, str]]:
-        messages = slot.trajectory.messages
+        trajectory = slot.trajectory
         if self.layout == "trajectory":
-            return messages
-        window = 2 * self.history_turns + 1
-        return [messages[0], *messages[max(1, len(messages) - window) :]]
+            return trajectory.messages
+        # The step layout's window: the system message, the last history_turns turns whole
+        # (a tool turn may carry several tool messages), then the messages awaiting a reply.
+        messages = [{"role": "system", "content": trajectory.system}]
+        for turn in trajectory.turns[len(trajectory.turns) - self.history_turns :] if self.history_turns else ():
+            messages.extend(turn.messages)
+            messages.append({"role": "assistant", "content": turn.reply})
+        if trajectory.pending_user is not None:
+            messages.extend(trajectory.pending_env_messages or ({"role": "user", "content": trajectory.pending_user},))
+        return messages
 
     def _apply(self, slot: _Slot, reply: Completion | str, text: str, state: EnvState) -> None:
         trajectory = slot.trajectory
@@ -344,6 +382,7 @@ class EnvGroupManager:
                 finish,
                 state.invalid_reason,
                 slot.expert_action if self.expert_hints else None,
+                trajectory.pending_env_messages,
             )
         )
         trajectory.success = info["success"]
@@ -355,17 +394,23 @@ class EnvGroupManager:
         slot.valid_actions = state.valid_actions
         slot.expert_action = state.expert_action
         slot.state_key = info["state_key"]
-        trajectory.pending_user = slot.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
+        if slot.tools is None:
+            trajectory.pending_user = slot.renderer.user(state.observation, len(trajectory.turns), slot.max_turns, state.valid_actions)
+            new_messages = [{"role": "user", "content": trajectory.pending_user}]
+        else:  # each call's result comes back as a tool message
+            results = state.observations or (state.observation,)
+            new_messages = slot.renderer.tool_messages(results, self.tokens.tool_role if self.tokens is not None else "tool")
+            trajectory.pending_user = "\n\n".join(results)
+            trajectory.pending_env_messages = tuple(new_messages)
         if self.tokens is None:
             return
         if self.layout == "trajectory":
-            user = {"role": "user", "content": trajectory.pending_user}
-            following = self.tokens.continuation(ids, finish, [user])
+            following = self.tokens.continuation(ids, finish, new_messages, slot.tools)
             slot.context += ids
             slot.context += following
             slot.next_input = following
         else:
-            slot.next_input = self.tokens.prompt(self._prompt_messages(slot))
+            slot.next_input = self.tokens.prompt(self._prompt_messages(slot), slot.tools)
         self._check_budget(slot)
 
     def _check_budget(self, slot: _Slot) -> None:
@@ -380,6 +425,7 @@ class EnvGroupManager:
         slot.context = []
         trajectory = slot.trajectory
         trajectory.pending_user = None
+        trajectory.pending_env_messages = ()
         trajectory.end_reason = reason
         trajectory.error = error
         trajectory.terminated = reason == "terminated"

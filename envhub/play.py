@@ -22,6 +22,7 @@ from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, Ra
 from envhub.manager import EnvGroupManager
 from envhub.prompts import PromptSettings
 from envhub.rollout import Trajectory, rollout
+from envhub.tools import call_from_python, describe_tools
 
 
 class StopPlay(EOFError):
@@ -74,7 +75,9 @@ class HumanGenerator:
     ``help`` (or ``?``) shows the legal actions and the instructions without spending a turn;
     ``quit`` (or ``exit``, or the end of input) raises :class:`StopPlay` and sets :attr:`stopped`.
     Anything else is the action, sent as ``<answer>TEXT</answer>`` (or as typed when it already
-    holds a tag), and the environment judges it as it judges a model's reply.
+    holds a tag), and the environment judges it as it judges a model's reply. In a tool env ``help``
+    lists the tools, and a call may be typed as Python, ``search("Brakmouth")``, or as JSON; it is
+    sent as a ``<tool_call>``.
     """
 
     HELP = ("help", "?", "h")
@@ -91,7 +94,8 @@ class HumanGenerator:
 
     def _ask(self, prompt: Prompt) -> str:
         legal = prompt.valid_actions
-        hint = f" [{' / '.join(legal)}]" if legal else ""
+        schemas = {s["function"]["name"]: s for s in prompt.tools} if prompt.tools else None
+        hint = f" [{' / '.join(legal)}]" if legal else (f" [call {', '.join(schemas)}]" if schemas else "")
         while True:
             try:
                 text = self.prompt(f"action{hint} (help, quit)> ")
@@ -103,8 +107,15 @@ class HumanGenerator:
                 self.stopped = True
                 raise StopPlay("quit")
             if word not in self.HELP:
-                return text if "<" in text else f"<answer>{text.strip()}</answer>"
-            actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
+                if "<" in text:
+                    return text
+                call = call_from_python(text, schemas) if schemas else None
+                action = call.to_json() if call is not None else text.strip()
+                return prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>"
+            if schemas:
+                actions = "Tools:\n" + describe_tools(list(schemas.values())) + '\nCall one as search("words") or as JSON {"name": ..., "arguments": {...}}.'
+            else:
+                actions = f"Legal actions now: {', '.join(legal)}." if legal else "Any text is an action here."
             instructions = prompt.messages[0]["content"] if prompt.messages else ""
             self.show(f"{actions}\n{instructions}\nType an action, or quit to stop.")
 

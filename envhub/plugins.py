@@ -18,7 +18,7 @@ from typing import Any
 
 import pluggy
 
-from envhub import hookspecs
+from envhub import actions, hookspecs
 from envhub.registration import register, registry
 
 ENTRY_POINT_GROUP = "envhub"
@@ -41,6 +41,8 @@ class PluginInfo:
     #: Ids this plugin tried to take from another plugin's namespace, or another tried to take
     #: from it ("frozenlake/FrozenLake-v0: namespace 'frozenlake' belongs to envhub-frozenlake").
     conflicts: list[str] = dataclasses.field(default_factory=list)
+    #: The reply formats its ``register_formats`` hook added.
+    formats: list[str] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The plugin as the JSON object ``envhub plugins --json`` prints."""
@@ -114,6 +116,7 @@ class PluginHost:
             return
         info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         self._register_envs_of(name)
+        self._register_formats_of(name)
 
     def add(self, plugin: Any, name: str, version: str | None = None) -> PluginInfo:
         """Register a plugin object by hand (tests, notebooks) and run its ``register_envs``."""
@@ -123,6 +126,7 @@ class PluginHost:
         self.pm.register(plugin, name=name)
         info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
         self._register_envs_of(name)
+        self._register_formats_of(name)
         return info
 
     def remove(self, name: str) -> None:
@@ -134,6 +138,8 @@ class PluginHost:
         info = self.infos.get(name)
         for env_id in info.env_ids if info is not None else ():
             registry.remove(env_id)
+        for format_name in info.formats if info is not None else ():
+            actions.FORMATS.pop(format_name, None)
         plugin = self.pm.get_plugin(name)
         if plugin is not None:
             self.pm.unregister(plugin)
@@ -155,6 +161,25 @@ class PluginHost:
                 for env_id in info.env_ids:
                     registry.remove(env_id)
                 info.env_ids.clear()
+
+    def _register_formats_of(self, name: str) -> None:
+        info = self.infos[name]
+
+        def register_format(format_name: str, fmt: Any) -> Any:
+            registered = actions.register_format(format_name, fmt)
+            info.formats.append(format_name)
+            return registered
+
+        for impl in self._impls("register_formats", name):
+            try:
+                impl.function(register=register_format)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # a broken plugin never takes the others down
+                info.error = _describe(exc)
+                for format_name in info.formats:
+                    actions.FORMATS.pop(format_name, None)
+                info.formats.clear()
 
     def _register_for(self, info: PluginInfo, id: str, entry_point: Any, **spec_kwargs: Any) -> Any:
         """The ``register`` a plugin's hook receives: :func:`envhub.registration.register` with
@@ -231,6 +256,7 @@ host = PluginHost()
 # The host fills the registry and explains what it lacks; the registry does not know of plugins.
 registry.loader = host.load
 registry.explain_unknown = _explain_unknown
+actions.format_loader = host.load
 
 
 def load_plugins() -> None:

@@ -36,7 +36,9 @@ class PromptSettings:
         instructions: replaces the environment's own instructions in the system message (a short
             prompt for a small model); None keeps the environment's.
         system_prompt: text put before the instructions in the system message.
-        action_format: the reply format, by name (``"answer"``, ``"think-answer"``).
+        action_format: the reply format, by name (``"answer"``, ``"think-answer"``, ``"tool-call"``,
+            or one a plugin registered); None plays each env in its own (``tool-call`` for a
+            tool env, ``answer`` otherwise).
         show_legal_actions: list the legal actions in every user message.
         max_prompt_tokens: the context budget in tokens: an episode whose next prompt is longer
             ends, truncated. None for no budget.
@@ -46,7 +48,7 @@ class PromptSettings:
 
     instructions: str | None = None
     system_prompt: str | None = None
-    action_format: str = "answer"
+    action_format: str | None = None
     show_legal_actions: bool = True
     max_prompt_tokens: int | None = 2048
     history_turns: int = 2

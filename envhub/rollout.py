@@ -203,8 +203,7 @@ def _continuous(
     with concurrent.futures.ThreadPoolExecutor(max_workers=env_threads if per_slot else 1, thread_name_prefix="envhub-env") as pool:
 
         def launch(slots: list[int], replies: list[Any]) -> None:
-            request = manager.step_request(slots, replies)
-            in_flight[pool.submit(busy.run, manager.executor.step, request)] = (slots, replies)
+            in_flight[pool.submit(busy.run, manager.step_states, slots, replies)] = (slots, replies)
 
         while stream.pending() or in_flight:
             if stream.pending():

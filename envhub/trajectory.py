@@ -47,6 +47,8 @@ class Turn:
         invalid_reason: why the reply was invalid, else None.
         expert_action: the environment's oracle action in the state the reply was made in, when
             the generator asked for it (``uses_expert``), else None.
+        env_messages: the messages the reply answered when they are not one user message with
+            ``user`` (a tool env's ``tool`` messages, one per result); empty otherwise.
     """
 
     index: int
@@ -68,6 +70,12 @@ class Turn:
     finish_reason: str = "stop"
     invalid_reason: str | None = None
     expert_action: str | None = None
+    env_messages: tuple[dict[str, str], ...] = ()
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The messages before the reply (one user message, or a tool env's tool messages)."""
+        return list(self.env_messages) if self.env_messages else [{"role": "user", "content": self.user}]
 
 
 @dataclasses.dataclass
@@ -116,6 +124,7 @@ class Trajectory:
         success: whether the task was accomplished.
         error: the environment's error, when it raised (the episode ends there).
         end_reason: one of ``END_REASONS``, or None while the episode runs.
+        tools: a tool env's tool schemas (the ``tools=`` of the chat template), else None.
     """
 
     env_id: str
@@ -133,6 +142,9 @@ class Trajectory:
     end_reason: str | None = None
     #: The user message awaiting a reply while the episode runs (None once it has ended).
     pending_user: str | None = None
+    #: The messages awaiting a reply when they are not one user message (tool results).
+    pending_env_messages: tuple[dict[str, str], ...] = ()
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -143,10 +155,16 @@ class Trajectory:
         """
         messages = [{"role": "system", "content": self.system}]
         for turn in self.turns:
-            messages.append({"role": "user", "content": turn.user})
+            if turn.env_messages:
+                messages.extend(turn.env_messages)
+            else:
+                messages.append({"role": "user", "content": turn.user})
             messages.append({"role": "assistant", "content": turn.reply})
         if self.pending_user is not None:
-            messages.append({"role": "user", "content": self.pending_user})
+            if self.pending_env_messages:
+                messages.extend(self.pending_env_messages)
+            else:
+                messages.append({"role": "user", "content": self.pending_user})
         return messages
 
     @property

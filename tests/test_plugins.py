@@ -1,5 +1,6 @@
 """Plugin loading three ways: a throwaway hookimpl class, a faked entry-point scan, a real plugin."""
 
+import dataclasses
 import importlib.metadata
 from pathlib import Path
 
@@ -9,6 +10,9 @@ from click.testing import CliRunner
 
 import envhub
 from envhub import hookimpl, hookspecs, plugins
+from envhub.actions import ParsedReply, TagFormat, get_format
+from envhub.core import match_action
+from envhub.manager import EnvGroupManager
 from envhub.error import DuplicateEnv, PolicyError
 from envhub.play import PLAYERS, get_player
 
@@ -89,6 +93,62 @@ def test_hook_make_policy():
             get_player("not-a-player", "frozenlake/FrozenLake-v0")
     finally:
         plugins.host.remove("policy-plugin")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShoutFormat:
+    """A plugin's reply format: the action is the reply's last line, in capitals."""
+
+    def instructions(self):
+        return "End your reply with the action in capitals on its own line."
+
+    def render(self, action):
+        return action.upper()
+
+    def parse(self, reply, valid_actions=None, tools=None):
+        line = reply.strip().splitlines()[-1] if isinstance(reply, str) and reply.strip() else ""
+        if not line.isupper():
+            return ParsedReply((), False, False, "the last line is not in capitals")
+        found = match_action(line, valid_actions) if valid_actions is not None else line
+        return ParsedReply((found or line,), True, found is not None, None if found else f"{line!r} is not legal")
+
+
+class FormatPlugin:
+    @hookimpl
+    def register_formats(self, register):
+        register("shout", ShoutFormat())
+
+
+def test_hook_register_formats():
+    info = plugins.host.add(FormatPlugin(), name="format-plugin")
+    try:
+        assert info.hooks == ["register_formats"] and info.formats == ["shout"]
+        with EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 1, 1, action_format="shout") as manager:
+            manager.reset()
+            assert "in capitals" in manager.prompts()[0].messages[0]["content"]
+            manager.step(["I think so.\nRIGHT"])
+            turn = manager.trajectories()[0].turns[0]
+            assert turn.action == "Right" and turn.action_is_valid
+            manager.prompts()
+            manager.step(["right"])
+            assert manager.trajectories()[0].turns[1].invalid_reason == "the last line is not in capitals"
+    finally:
+        plugins.host.remove("format-plugin")
+    with pytest.raises(ValueError, match="unknown action format 'shout'"):
+        get_format("shout")
+
+
+def test_a_format_name_taken_twice_is_a_plugin_error_not_a_crash():
+    class Clash:
+        @hookimpl
+        def register_formats(self, register):
+            register("answer", ShoutFormat())
+
+    info = plugins.host.add(Clash(), name="clash-plugin")
+    try:
+        assert "registered twice" in info.error and get_format("answer") == TagFormat()
+    finally:
+        plugins.host.remove("clash-plugin")
 
 
 def test_unregistering_a_plugin_forgets_its_envs(throwaway):

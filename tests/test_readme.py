@@ -62,3 +62,12 @@ def test_readme_training_example_runs_on_the_cpu(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102
     assert namespace["trainer"].state.global_step == 1
+
+
+def test_readme_tool_env_snippet_prints_what_its_comments_say(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    source = next(b for b in blocks if b.startswith("# tool env"))
+    exec(compile(source, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    promised = [line.split("# ", 1)[1].strip() for line in source.splitlines() if line.startswith("print(")]
+    assert printed == promised

@@ -467,7 +467,7 @@ def test_run_policy_model_path_plays_through_the_hook(tiny_path):
     # the model's conversation is the manager's: rendered and judged exactly as in training
     trajectory = manager.trajectories()[0]
     assert [m["role"] for m in trajectory.messages] == ["system"] + ["user", "assistant"] * record["turns"]
-    assert manager.fmt == get_format(player.prompt.action_format) and manager.max_prompt_tokens == player.prompt.max_prompt_tokens
+    assert manager.fmt == get_format(player.prompt.action_format or "answer") and manager.max_prompt_tokens == player.prompt.max_prompt_tokens
     for step, turn in zip(record["transcript"][1:], trajectory.turns):
         assert step["info"]["action_is_valid"] == turn.action_is_valid
         if turn.action_is_valid:
@@ -540,3 +540,29 @@ def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
     assert play("continuous", SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))[0] == sampled
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     assert play("continuous", greedy)[0] == play("lockstep", greedy)[0]
+
+
+def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_path):
+    from datasets import load_from_disk
+
+    out = tmp_path / "sft-tools"
+    result = CliRunner().invoke(cli, ["export-sft", "tools/Countdown-v0", "--episodes", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    row = load_from_disk(str(out))[0]
+    roles = [m["role"] for m in row["messages"]]
+    assert roles[:3] == ["system", "user", "assistant"] and roles[3] == "tool" and roles[-1] == "assistant"
+    assert row["messages"][2]["content"].startswith("<tool_call>") and row["tools"][0]["function"]["name"] == "calculate"
+
+
+def test_run_policy_model_path_plays_a_tool_env_with_tool_messages(tiny_path):
+    from envhub.cli import play_episode
+
+    env_id = "tools/Countdown-v0"
+    player = get_player(str(tiny_path), env_id, seed=0)
+    manager = player.manager(env_id, max_turns=3)
+    record = play_episode(manager, player, seed=0, echo=False)
+    trajectory = manager.trajectories()[0]
+    assert manager.fmt == get_format("tool-call") and trajectory.tools == envhub.make(env_id).tool_schemas()
+    assert [m["role"] for m in trajectory.messages] == ["system", "user", "assistant"] + ["tool", "assistant"] * (record["turns"] - 1)
+    for step in record["transcript"][1:]:
+        assert step["info"]["action_is_valid"] or step["info"]["invalid_reason"]

@@ -566,3 +566,37 @@ def test_long_queries_bound_the_search_cache_and_the_state_key(monkeypatch):
     key = env.state_key()
     assert info["action_is_valid"] and len(key) < 1_000 and "sha256:" in key
     assert len(" ".join(env.session.keywords)) > STATE_KEY_QUERY_CHARS
+
+
+# ---------------------------------------------------------------------------------------- WebShopTools-v0
+
+
+def _play(env, seed, to_action):
+    """Play the oracle from ``seed``; return (rewards, state keys)."""
+    env.reset(seed=seed)
+    rewards, keys = [], []
+    while True:
+        _, reward, terminated, truncated, info = env.step(to_action(env))
+        assert info["action_is_valid"], info
+        rewards.append(reward)
+        keys.append(info["state_key"])
+        if terminated or truncated:
+            return rewards, keys
+
+
+def test_webshop_tools_is_the_same_shop_and_reward_through_tools():
+    tools, text = envhub.make("webshop/WebShopTools-v0"), envhub.make("webshop/WebShop-v0")
+    assert tools.valid_actions() is None and [s["function"]["name"] for s in tools.tool_schemas()] == ["search", "click", "buy"]
+    for seed in range(8):
+        assert _play(tools, seed, lambda env: env.expert_action()) == _play(text, seed, lambda env: env.expert_action())
+    assert tools.is_success()
+
+
+def test_webshop_tools_refuses_what_the_page_does_not_offer_with_the_shops_reason():
+    env = envhub.make("webshop/WebShopTools-v0")
+    _, info = env.reset(seed=0)
+    observation, reward, terminated, _, bad = env.step('<tool_call>{"name": "buy", "arguments": {}}</tool_call>')
+    assert not bad["action_is_valid"] and not terminated and reward == 0.0 and bad["state_key"] == info["state_key"]
+    assert observation.startswith("Error: ") and "buy now" in observation
+    *_, bad = env.step(env.call_action("click", target="no such button"))
+    assert not bad["action_is_valid"] and "no such button" in bad["invalid_reason"]

@@ -29,6 +29,13 @@ def register_envs(register):
         max_turns=MAX_TURNS,
         description="1,000-product shop, synthetic goals 0-499 (test split), 15 turns",
     )
+    register(
+        "webshop/WebShopTools-v0",
+        "envhub_webshop.tools_env:WebShopToolsEnv",
+        kwargs={"split": "train"},
+        max_turns=MAX_TURNS,
+        description="WebShop-v0 with tools: search(query), click(target), buy(); same shop, goals and reward, 15 turns",
+    )
 
 
 @hookimpl

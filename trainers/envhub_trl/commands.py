@@ -158,7 +158,9 @@ def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_
     if failed:
         raise click.ClickException(f"{len(failed)} episodes raised, e.g. seed {failed[0].seed}: {failed[0].error}")
     rows = [
-        {"messages": t.messages, "env_id": t.env_id, "seed": t.seed, "success": t.success, "return": t.episode_return}
+        # A tool env's rows carry its schemas: TRL's SFTTrainer passes a dataset's "tools" column to the chat template.
+        {"messages": t.messages, "env_id": t.env_id, "seed": t.seed, "success": t.success, "return": t.episode_return,
+         **({"tools": t.tools} if t.tools else {})}
         for t in trajectories
         if t.success or not successful_only
     ]

@@ -81,7 +81,14 @@ class EnvGRPOConfig(GRPOConfig):
     env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
     max_turns: int | None = field(default=None, metadata={"help": "Turn limit of every episode; None keeps the env's registered limit."})
     format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
-    action_format: str = field(default="answer", metadata={"help": "Reply format: `answer` (<answer>..</answer>) or `think-answer`."})
+    action_format: str | None = field(
+        default=None,
+        metadata={
+            "help": "Reply format: `answer` (<answer>..</answer>), `think-answer`, `tool-call` (<tool_call>{json}</tool_call>, "
+            "checked against a tool env's schemas), `tool-calls` (up to 4 per reply) or a plugin's; None: each env's own "
+            "(`tool-call` for tool envs, `answer` otherwise)."
+        },
+    )
     system_prompt: str | None = field(default=None, metadata={"help": "Text put before the environment's instructions in the system message."})
     instructions: str | None = field(
         default=None, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}

@@ -18,16 +18,46 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 import envhub
-from envhub.actions import FORMATS
+from envhub.actions import env_format_name, get_format
 from envhub.chat import ChatRenderer
+from envhub.core import ToolEnv
 
 #: The special tokens: padding/end of text, and ChatML's turn markers (``<|im_end|>`` ends a reply).
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 
-#: ChatML, as Qwen2 models use it.
+#: ChatML, as Qwen2 models use it, with Qwen2.5's tool calling: ``tools=`` are written into the
+#: system message (Hermes' wording, as :func:`envhub.tools.tools_text`), an assistant message's
+#: ``tool_calls`` become ``<tool_call>`` blocks, and consecutive ``tool`` messages become one user
+#: turn of ``<tool_response>`` blocks. Without tools or tool messages it
+#: renders exactly as plain ChatML.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}"
+    "{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}"
+    "\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first and tools %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set call = call['function'] if call.get('function') else call %}"
+    "{%- if not loop.first or message['content'] %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\\\"name\\\": \\\"' + call['name'] + '\\\", \\\"arguments\\\": ' + (call['arguments'] | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -43,24 +73,31 @@ def environment_corpus(
     """Yield text the environments produce: chat-rendered instructions, observations and replies.
 
     Each environment plays ``seeds`` short episodes of its expert (or its first legal action) so the
-    tokenizer sees the states an agent meets. Environments that fail to make are skipped.
+    tokenizer sees the states an agent meets, in the env's own reply format (tool envs: their
+    tools in the system message, ``<tool_call>`` replies, ``<tool_response>`` results). Environments
+    that fail to make are skipped.
     ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text);
     ``kwargs_by_env`` gives some envs their own instead.
     """
-    renderer = ChatRenderer(FORMATS["answer"])
     for env_id in env_ids if env_ids is not None else list(envhub.registry):
         try:
             env = envhub.make(env_id, **(kwargs_by_env or {}).get(env_id, env_kwargs or {}))
         except Exception:  # a broken plugin must not stop the tokenizer from being built
             continue
-        yield f"{IM_START}system\n{renderer.system(env.instructions)}{IM_END}\n"
+        fmt = get_format(env_format_name(env))
+        renderer = ChatRenderer(fmt)
+        tools = env.tool_schemas() if isinstance(env, ToolEnv) else None
+        yield f"{IM_START}system\n{renderer.system(env.instructions, tools)}{IM_END}\n"
         for seed in range(seeds):
             observation, _ = env.reset(seed=seed)
             for turn in range(turns):
                 legal = env.valid_actions()
-                yield f"{IM_START}user\n{renderer.user(observation, turn, env.max_turns, legal)}{IM_END}\n"
+                if tools is not None and turn > 0:
+                    yield f"{IM_START}user\n<tool_response>\n{observation}\n</tool_response>{IM_END}\n"
+                else:
+                    yield f"{IM_START}user\n{renderer.user(observation, turn, env.max_turns, legal)}{IM_END}\n"
                 action = env.expert_action() or (legal[0] if legal else "wait")
-                yield f"{IM_START}assistant\n<answer>{action}</answer>{IM_END}\n"
+                yield f"{IM_START}assistant\n{fmt.render(action)}{IM_END}\n"
                 observation, _, terminated, truncated, _ = env.step(action)
                 if terminated or truncated:
                     break
