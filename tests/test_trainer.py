@@ -828,7 +828,7 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
     trainer.save_model(str(tmp_path / "final"))
     trained = TrainedOn.load(tmp_path / "final")
-    assert trained.prompt == PromptSettings("Reach the goal.", "Be brief.", "answer", False, 900, 2, -0.2)
+    assert trained.prompt == PromptSettings("Reach the goal.", "Be brief.", None, False, 900, 2, -0.2)  # None: each env its own format
     assert (trained.env_id, trained.env_kwargs, trained.max_turns) == (LAKE, {"view": "local"}, 5)
 
     seed = group_seeds(0, 0, 1)[0]
