@@ -141,7 +141,7 @@ class Duel:
 
 #: Two-player games with listed legal moves, an exact expert and a rule-based opponent.
 TWO_PLAYER: tuple[Duel, ...] = (
-    Duel("TicTacToe-v0", "expert", 10, "perfect play (minimax)"),
+    Duel("TicTacToe-v0", "random", 10, "a random player (minimax is the expert)"),
     Duel("Nim-v0", "expert", 15, "perfect play (nim-sum)"),
     Duel("Nim-v0-medium", "expert", 20, "perfect play (nim-sum)"),
     Duel("Nim-v0-large", "expert", 40, "perfect play (nim-sum)"),

@@ -38,9 +38,8 @@ def register_envs(register: Any) -> None:
             max_turns=duel.max_turns,
             description=f"TextArena {duel.ta_id} as either player against {duel.opponent_words}; success = a win",
         )
-        name, _, version = base.rpartition("-v")
         register(
-            f"{name}SelfPlay-v{version}",
+            envhub_id(duel.ta_id.replace(family, f"{family}SelfPlay", 1)),
             ENTRY,
             kwargs={**common, "opponent": "self"},
             max_turns=2 * duel.max_turns,
