@@ -211,6 +211,7 @@ class TextArenaEnv(TextEnv):
         self._mover: int | None = None
         self._last_actor: int | None = None
         self._key: str | None = None
+        self.game_seed: int | None = None
         self.opponent_fallbacks = 0
 
     # ------------------------------------------------------------------ seats
@@ -255,6 +256,7 @@ class TextArenaEnv(TextEnv):
         if self.seat_choice == RANDOM_SEAT:
             self.seat = int(self.np_random.integers(self.num_players))
         game_seed, opponent_seed, fallback_seed = (int(x) for x in self.np_random.integers(2**31 - 1, size=3))
+        self.game_seed = game_seed
         self._random_state = random.Random(game_seed).getstate()
         self._np_state = np.random.RandomState(game_seed).get_state()
         self.game = self._make_game()
@@ -387,11 +389,13 @@ class TextArenaEnv(TextEnv):
                 np.random.set_state(outside_np)
 
     def _play(self, move: str) -> None:
-        """Play ``move`` for the player to move; restore the game and raise if it refuses it."""
-        legal = self.valid_actions()
-        if legal is not None and move not in legal:
-            raise InvalidAction(f"'{shorten(move)}' is not one of the legal moves: {', '.join(legal)}")
-        snapshot = _snapshot(self.game), self._random_state, self._np_state
+        """Play ``move`` for the player to move; restore the game and raise if it refuses it.
+
+        Where the legal moves are listed, ``move`` is one of them (``parse_action`` and
+        ``opponent_move`` see to it), so the game is not copied first: a refusal then means the
+        listing is wrong, an error in this plugin, not the player's.
+        """
+        snapshot = None if self._legal is not None else (_snapshot(self.game), self._random_state, self._np_state)
         state = self.game.state
         refused: list[str] = []
         original = state.set_invalid_move
@@ -408,11 +412,15 @@ class TextArenaEnv(TextEnv):
             refused.append(f"the game could not read it ({type(exc).__name__}: {shorten(str(exc))})")
         finally:
             vars(state).pop("set_invalid_move", None)
-        if refused:
-            game, self._random_state, self._np_state = snapshot
-            self.game = _restore(game)
-            raise InvalidAction(f"the game refused '{shorten(move)}': {refused[0]}")
         self._key = None
+        if not refused:
+            return
+        if snapshot is None:
+            raise AdapterError(f"{self.game_id} refused the listed move '{move}': {refused[0]}; its legal-move function is wrong")
+        game, self._random_state, self._np_state = snapshot
+        self.game = _restore(game)
+        self._key = None
+        raise InvalidAction(f"the game refused '{shorten(move)}': {refused[0]}")
 
     def _credit(self) -> None:
         if self.game_over():
@@ -442,8 +450,8 @@ class TextArenaEnv(TextEnv):
         names = state.role_mapping
         lines = []
         for sender, text, kind in messages:
-            if sender == player_id and getattr(kind, "name", "") == "PLAYER_ACTION":
-                continue  # the player's own move, which it knows
+            if sender in (player_id, GAME_ID) and getattr(kind, "name", "") == "PLAYER_ACTION":
+                continue  # the player's own move (some games echo it as the game's), which it knows
             lines.append(str(text) if sender == GAME_ID else f"[{names.get(sender, f'Player {sender}')}] {text}")
         if self.game_over():
             reward = self.outcome().get(player_id, 0.0)
@@ -485,7 +493,11 @@ def _canonical(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [_canonical(v, depth + 1) for v in value]
     if isinstance(value, (set, frozenset)):
-        return sorted((_canonical(v, depth + 1) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+        items = [_canonical(v, depth + 1) for v in value]
+        try:
+            return sorted(items)
+        except TypeError:  # mixed or nested items: order by their JSON text
+            return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
     if callable(value) or isinstance(value, (random.Random, np.random.Generator, np.random.RandomState)):
         return type(value).__name__
     if hasattr(value, "fen") and callable(value.fen):
