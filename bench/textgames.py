@@ -120,7 +120,7 @@ def generation_times(games: int) -> dict[str, list[dict[str, float]]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--games", type=int, default=3)
+    parser.add_argument("--games", type=int, default=3, help="games per setting to generate; 0 keeps the last run's figures")
     args = parser.parse_args()
     random.seed(0)
     results: dict[str, object] = {"overhead": {}}
@@ -132,7 +132,10 @@ def main() -> None:
         results["overhead"][env_id] = figures = textworld_overhead(env_id, args.steps // 10)
         print(f"{env_id}: {figures['adapter_steps_per_s']:.0f} steps/s through envhub, "
               f"{figures['library_steps_per_s']:.0f} bare: {figures['overhead']:.2f}x", flush=True)
-    results["textworld_generation"] = generation_times(args.games)
+    if args.games:
+        results["textworld_generation"] = generation_times(args.games)
+    elif RESULTS.exists():  # keep the generation figures of an earlier run
+        results["textworld_generation"] = json.loads(RESULTS.read_text()).get("textworld_generation")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print(f"wrote {RESULTS}")
