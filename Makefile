@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./trainers
+PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld ./trainers
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo bench bench-learning clean

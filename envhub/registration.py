@@ -113,6 +113,8 @@ KNOWN_PLUGINS = {
     "frozenlake": "envhub-frozenlake",
     "sokoban": "envhub-sokoban",
     "webshop": "envhub-webshop",
+    "textarena": "envhub-textarena",
+    "textworld": "envhub-textworld",
     "gym": "envhub",
     "pettingzoo": "envhub[pettingzoo]",
 }

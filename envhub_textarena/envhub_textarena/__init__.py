@@ -1,0 +1,1 @@
+"""TextArena games as envhub environments."""

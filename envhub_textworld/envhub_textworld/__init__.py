@@ -1,0 +1,1 @@
+"""TextWorld text adventures as envhub environments."""

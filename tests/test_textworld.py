@@ -1,0 +1,75 @@
+"""The envhub-textworld plugin: generated TextWorld games behind the envhub contract.
+
+Games are generated on first use and cached under the user cache dir, so only the first run pays
+for generation (about 10 s for a pool's first game on 2 cores, a few seconds for each next one).
+"""
+
+import pytest
+
+import envhub
+
+pytest.importorskip("textworld")
+from envhub_textworld.env import clean_feedback  # noqa: E402
+from envhub_textworld.generator import game_file, generate, story_path  # noqa: E402
+from envhub_textworld.plugin import VARIANTS  # noqa: E402
+
+COOKING = next(v for v in VARIANTS if v[0] == "Cooking-level1-v0")
+
+
+def test_one_seed_generates_the_same_game_in_another_process(tmp_path, monkeypatch):
+    _, challenge, settings, _, _ = COOKING
+    cached = game_file(challenge, settings, 0)
+    monkeypatch.setenv("ENVHUB_TEXTWORLD_CACHE", str(tmp_path))
+    timings = generate(challenge, settings, [0])
+    again = story_path(challenge, settings, 0)
+    assert again != cached and again.read_bytes() == cached.read_bytes()
+    assert again.with_suffix(".json").read_text() == cached.with_suffix(".json").read_text()
+    assert timings[0]["generate_s"] > 0 and timings[0]["compile_s"] > 0
+
+
+def _play_expert(env, seed, detour=None):
+    observation, info = env.reset(seed=seed)
+    total = 0.0
+    if detour is not None:
+        _, reward, *_ = env.step(detour(env))
+        total += reward
+    for _ in range(env.max_turns):
+        observation, reward, terminated, truncated, info = env.step(env.expert_action())
+        total += reward
+        if terminated or truncated:
+            break
+    return total, info
+
+
+@pytest.mark.parametrize("env_id", ["textworld/Cooking-level1-v0", "textworld/Simple-v0"])
+def test_the_walkthrough_expert_wins_every_game_of_the_pool(env_id):
+    env = envhub.make(env_id)
+    for seed in range(4):
+        total, info = _play_expert(env, seed)
+        assert info["success"] and info["won"]
+        assert total == info["max_score"] == info["score"]  # intermediate scores add up to the final one
+
+
+def test_the_expert_replans_when_the_agent_leaves_the_walkthrough():
+    env = envhub.make("textworld/Simple-v0")
+    env.reset(seed=0)
+    walkthrough_first = env.expert_action()
+
+    def detour(env):
+        return next(a for a in env.valid_actions() if a != walkthrough_first and a.startswith(("go", "open", "take")))
+
+    total, info = _play_expert(env, 0, detour)
+    assert info["success"]
+
+
+def test_commands_outside_the_admissible_ones_are_invalid_and_change_nothing():
+    env = envhub.make("textworld/Cooking-level1-v0")
+    observation, info = env.reset(seed=0)
+    bad, reward, terminated, _, bad_info = env.step("fly to the moon")
+    assert not bad_info["action_is_valid"] and reward == 0.0 and not terminated
+    assert bad_info["state_key"] == info["state_key"] and "fly to the moon" in bad
+
+
+def test_feedback_loses_the_banner_and_the_interpreters_prompt():
+    text = " $$$$ |  \\ \n  \\$$ \n\nYou are hungry!\n\n*** The End ***\n\nWould you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n> "
+    assert clean_feedback(text) == "You are hungry!\n\n*** The End ***"
