@@ -19,17 +19,26 @@ ALL_IDS = list(envhub.registry)
 SEED = 3
 
 
-def has_expert(env_id: str) -> bool:
+#: What a person types into an env with neither an expert nor a list of legal moves (open text
+#: games): some moves the game takes, some it refuses; the input then ends, and so does the episode.
+TYPED = ["1", "[1]", "up", "[a b]", "hello"]
+
+
+def player_for(env_id: str) -> str:
+    """The expert where the env has one, else random legal moves, else a person typing :data:`TYPED`."""
     env = envhub.make(env_id)
     env.reset(seed=SEED)
-    return env.expert_action() is not None
+    if env.expert_action() is not None:
+        return "expert"
+    return "random" if env.valid_actions() else "human"
 
 
 def envhub_run(env_id: str, policy: str) -> dict:
     """The ``envhub run --json`` record of one episode from ``SEED``."""
-    result = CliRunner().invoke(cli, ["run", env_id, "--policy", policy, "--seed", str(SEED), "--json"])
+    typed = "\n".join(TYPED) + "\n" if policy == "human" else None
+    result = CliRunner().invoke(cli, ["run", env_id, "--policy", policy, "--seed", str(SEED), "--json"], input=typed)
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return json.loads(result.stdout)
 
 
 def envhub_info(info: dict) -> dict:
@@ -41,9 +50,11 @@ def envhub_info(info: dict) -> dict:
 def test_gem_make_plays_the_transcript_of_envhub_run(env_id):
     """``gem.make("envhub:ID")``, driven through GEM's reset/step with the expert's replies in the
     answer format, plays the transcript ``envhub run --policy expert --json`` prints. An env with no
-    expert (Connect Four) replays the random policy's actions instead."""
-    expert = has_expert(env_id)
-    record = envhub_run(env_id, "expert" if expert else "random")
+    expert (Connect Four) replays the random policy's actions instead, and one with no list of
+    moves either (TextArena's open text games) the moves a person typed."""
+    player = player_for(env_id)
+    expert = player == "expert"
+    record = envhub_run(env_id, player)
     env = gem.make(PREFIX + env_id)
     assert isinstance(env, gem.Env) and env.env_id == PREFIX + env_id
     observation, info = env.reset(seed=SEED)
@@ -51,7 +62,7 @@ def test_gem_make_plays_the_transcript_of_envhub_run(env_id):
     assert env.env.instructions.strip() in info["env_instruction"] and "<answer>" in info["suffix"]
     transcript = [{"observation": observation, "action": None, "reward": 0.0, "info": envhub_info(info)}]
     done = False
-    while not done:
+    while not done and len(transcript) < len(record["transcript"]):  # a person's input may end first
         action = env.env.expert_action() if expert else record["transcript"][len(transcript)]["action"]
         observation, reward, terminated, truncated, info = env.step(f"<answer>{action}</answer>")
         transcript.append({"observation": observation, "action": action, "reward": float(reward), "info": envhub_info(info)})

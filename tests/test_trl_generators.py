@@ -259,6 +259,28 @@ def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine
     assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in completions]
 
 
+def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
+    """Continuous mode on vLLM's own continuous batching: requests join the running batch as envs
+    step, each with the seed of its (slot, turn), so a rerun samples the same episodes; with greedy
+    decoding the episodes are those of lockstep."""
+    from envhub.rollout import RolloutStats
+
+    def play(mode, sampling):
+        stats = RolloutStats()
+        with EnvGroupManager(LAKE, 2, 3, tokenizer=tokenizer, max_turns=3, seed=4) as manager:
+            trajectories = rollout(manager, engine, sampling, mode=mode, stats=stats)
+        return [[(list(u.completion_ids), u.reward, u.state_key) for u in t.turns] for t in trajectories], stats
+
+    steps_before = engine.engine_steps
+    sampled, stats = play("continuous", SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+    assert engine.engine_steps > steps_before and engine.pending() == 0
+    assert stats.turns == sum(len(t) for t in sampled) > 6 and stats.turns_per_s > 0
+    assert len({tuple(t[0][0]) for t in sampled}) > 1  # members of a group sample different first replies
+    assert play("continuous", SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))[0] == sampled
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    assert play("continuous", greedy)[0] == play("lockstep", greedy)[0]
+
+
 def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer):
     trained = copy.deepcopy(hf.model)
     with torch.no_grad():
@@ -518,28 +540,6 @@ def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp
         assert len(completions) == 2
     finally:
         del engine
-
-
-def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
-    """Continuous mode on vLLM's own continuous batching: requests join the running batch as envs
-    step, each with the seed of its (slot, turn), so a rerun samples the same episodes; with greedy
-    decoding the episodes are those of lockstep."""
-    from envhub.rollout import RolloutStats
-
-    def play(mode, sampling):
-        stats = RolloutStats()
-        with EnvGroupManager(LAKE, 2, 3, tokenizer=tokenizer, max_turns=3, seed=4) as manager:
-            trajectories = rollout(manager, engine, sampling, mode=mode, stats=stats)
-        return [[(list(u.completion_ids), u.reward, u.state_key) for u in t.turns] for t in trajectories], stats
-
-    steps_before = engine.engine_steps
-    sampled, stats = play("continuous", SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
-    assert engine.engine_steps > steps_before and engine.pending() == 0
-    assert stats.turns == sum(len(t) for t in sampled) > 6 and stats.turns_per_s > 0
-    assert len({tuple(t[0][0]) for t in sampled}) > 1  # members of a group sample different first replies
-    assert play("continuous", SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))[0] == sampled
-    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
-    assert play("continuous", greedy)[0] == play("lockstep", greedy)[0]
 
 
 def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_path):
