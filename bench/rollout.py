@@ -48,7 +48,8 @@ TARGETS = {"continuous_over_lockstep_turns_per_s": 1.5, "async_over_lockstep_ste
 
 
 class Slow20ms(DiscreteTextEnv):
-    """Walk a counter Up or Down to 5; every step takes 20 ms (``time.sleep``), as a search would."""
+    """Walk a counter Up or Down to 5; every step takes 20 ms (``time.sleep``), as a search would,
+    an invalid reply's included (the tiny model's replies mostly are)."""
 
     action_names = ("Up", "Down")
     instructions = "Reach 5 from where you start: Up adds one, Down takes one away."
@@ -57,8 +58,15 @@ class Slow20ms(DiscreteTextEnv):
         self.count = int(self.np_random.integers(0, 4))
         return f"count {self.count}", {}
 
-    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+    def step(self, action: Any) -> Any:
         time.sleep(0.02)
+        return super().step(action)
+
+    def reject(self, reason: str) -> Any:  # a reply that names no move costs the same 20 ms
+        time.sleep(0.02)
+        return super().reject(reason)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         self.count += 1 if action == "Up" else -1
         return f"count {self.count}", float(self.count == 5), self.count == 5, {}
 
