@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from envhub.core import TextEnv, ToolEnv, match_action, shorten
-from envhub.tools import CALL_CLOSE, CALL_OPEN, parse_tool_calls
+from envhub.tools import CALL_CLOSE, CALL_OPEN, find_all, parse_tool_calls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,14 +56,6 @@ class ParsedReply:
     def action(self) -> str | None:
         """The first action, or None when there is none."""
         return self.actions[0] if self.actions else None
-
-
-def _find_all(haystack: str, needle: str) -> list[int]:
-    found, start = [], haystack.find(needle)
-    while start != -1:
-        found.append(start)
-        start = haystack.find(needle, start + 1)
-    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +140,7 @@ class TagFormat:
     @staticmethod
     def _block(reply: str, lower: str, tag: str) -> tuple[str | None, int, str | None]:
         """Return (content, end index, error) of the single ``<tag>...</tag>`` block, if any."""
-        opens, closes = _find_all(lower, f"<{tag}>"), _find_all(lower, f"</{tag}>")
+        opens, closes = find_all(lower, f"<{tag}>"), find_all(lower, f"</{tag}>")
         if not opens and not closes:
             return None, -1, None
         if len(opens) > 1 or len(closes) > 1:

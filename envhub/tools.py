@@ -302,7 +302,8 @@ class ParsedCalls:
     well_formed: bool = True
 
 
-def _find_all(haystack: str, needle: str) -> list[int]:
+def find_all(haystack: str, needle: str) -> list[int]:
+    """Every position of ``needle`` in ``haystack`` (overlaps included)."""
     found, start = [], haystack.find(needle)
     while start != -1:
         found.append(start)
@@ -323,7 +324,7 @@ def parse_tool_calls(
     if not isinstance(reply, str):
         return ParsedCalls((), f"the reply must be text, got {type(reply).__name__}", well_formed=False)
     lower = reply.lower()
-    opens, closes = _find_all(lower, CALL_OPEN), _find_all(lower, CALL_CLOSE)
+    opens, closes = find_all(lower, CALL_OPEN), find_all(lower, CALL_CLOSE)
     tools = ", ".join(schemas)
     if not opens and not closes:
         return ParsedCalls((), f"the reply calls no tool; write <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call> with one of: {tools}", well_formed=False)
