@@ -244,8 +244,9 @@ class EnvGRPOTrainer(GRPOTrainer):
 
     def _sampling(self, batch: int | None = None) -> SamplingParams:
         """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
-        position = [self.state.global_step, self._step] if batch is None else [batch, 1 << 20]
-        seed = np.random.SeedSequence([self.args.seed, *position, self.accelerator.process_index])
+        index = self.accelerator.process_index
+        position = [self.state.global_step, index, self._step] if batch is None else [batch, index, 1 << 20]
+        seed = np.random.SeedSequence([self.args.seed, *position])
         return SamplingParams(
             max_new_tokens=self.args.max_turn_tokens,
             temperature=self.args.temperature,
