@@ -294,6 +294,63 @@ def test_every_variant_passes_envhub_check(env_id):
     assert report.ok, report.format()
 
 
+# ---------------------------------------------------------------------- views
+
+
+def test_local_view_puts_the_box_its_target_and_the_neighbours_into_words():
+    env = SokobanEnv(level="#######\n#P_X__#\n#___O_#\n#######", view="local")
+    observation, _ = env.reset(seed=0)
+    assert observation == (
+        "Row 2, column 2.\nBox: 2 right. Target: 1 down, 1 right of the box.\n"
+        "Up: wall. Down: floor. Left: wall. Right: floor."
+    )
+    observation, *_ = env.step("Right")
+    assert observation.splitlines()[1:] == ["Box: 1 right. Target: 1 down, 1 right of the box.",
+                                             "Up: wall. Down: floor. Left: floor. Right: box (can push)."]
+    observation, *_ = env.step("Right")  # a push: the box now stands above its target
+    assert observation.splitlines()[1] == "Box: 1 right. Target: 1 down of the box."
+    env.step("Right")
+    observation, _, _, _, info = env.step("Right")  # the box is against the wall
+    assert not info["moved_box"]
+    assert observation.splitlines()[1:] == ["Box: 1 right. Target: 1 down, 1 left of the box.",
+                                             "Up: wall. Down: target. Left: floor. Right: box (blocked)."]
+    assert "Legend" not in env.instructions and "one step Up, Down, Left and Right" in env.instructions
+
+
+def test_local_view_says_when_a_box_is_on_its_target_and_lists_every_box():
+    env = SokobanEnv(level="######\n#P√X_#\n#__O_#\n######", view="local")
+    observation, _ = env.reset(seed=0)
+    assert observation.splitlines()[1:3] == ["Box: 1 right. It is on a target.", "Box: 2 right. Target: 1 down of the box."]
+
+
+@pytest.mark.parametrize("view", ["local", "grid+local"])
+def test_views_change_the_text_only(view):
+    """Same seed, same actions: the same levels, rewards and state keys in every view."""
+    grid, other = envhub.make("sokoban/Sokoban8x8-v0"), envhub.make("sokoban/Sokoban8x8-v0", view=view)
+    rng = np.random.default_rng(1)
+    for seed in range(5):
+        first, _ = grid.reset(seed=seed)
+        shown, info = other.reset(seed=seed)
+        assert grid.state_key() == info["state_key"] == first
+        assert shown.startswith(first + "\n") if view == "grid+local" else shown.startswith("Row ")
+        for _ in range(15):
+            action = grid.action_names[int(rng.integers(4))]
+            a, b = grid.step(action), other.step(action)
+            assert a[1:4] == b[1:4] and a[4]["state_key"] == b[4]["state_key"]
+            if a[2] or a[3]:
+                break
+
+
+def test_local_view_passes_the_checker():
+    report = check_env("sokoban/Sokoban-v0", fuzz=200, view="local")
+    assert report.ok, report.format()
+
+
+def test_unknown_view_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="grid\\+local"):
+        SokobanEnv(view="map")
+
+
 # ---------------------------------------------------------------------- pictures
 
 
