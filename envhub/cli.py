@@ -93,8 +93,17 @@ def _warn_unmatched_plugins() -> None:
 
 @cli.command("list")
 @json_option
-def list_envs(as_json: bool) -> None:
+@click.option("--unavailable", is_flag=True, help="List the ids plugins know but cannot offer here, with the reason.")
+def list_envs(as_json: bool, unavailable: bool) -> None:
     """List every registered environment, and plugins that failed to load."""
+    if unavailable:
+        missing = plugins.unavailable_envs()
+        if as_json:
+            rows = [{"id": i, "plugin": plugin, "reason": reason} for i, (plugin, reason) in sorted(missing.items())]
+            click.echo(json.dumps(rows, indent=2))
+        else:
+            click.echo(table([(i, plugin, reason) for i, (plugin, reason) in sorted(missing.items())], ["id", "plugin", "reason"]))
+        return
     specs = registry.values()
     _warn_unmatched_plugins()
     broken = [p for p in plugins.plugin_infos() if p.error]

@@ -21,6 +21,13 @@ def register_formats(register: Any) -> None:
 
 
 @hookspec
+def unavailable_envs() -> dict[str, str]:
+    """Return the ids this plugin knows but does not register here, each with the reason (data that
+    would be fetched at run time, a network service, an interpreter too old). ``envhub list
+    --unavailable`` lists them, and asking for one gets its reason instead of a bare "unknown"."""
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add click commands or groups to the ``envhub`` command-line group ``cli``."""
 

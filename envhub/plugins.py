@@ -245,8 +245,30 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{location}"
 
 
+def unavailable_envs() -> dict[str, tuple[str, str]]:
+    """Every id a loaded plugin knows but does not register here: id -> (plugin, reason).
+
+    A hook that raises contributes nothing (``envhub list`` must not fail because of it).
+    """
+    host.load()
+    found: dict[str, tuple[str, str]] = {}
+    for name in list(host.infos):
+        for impl in host._impls("unavailable_envs", name):
+            try:
+                entries = dict(impl.function())
+            except Exception:
+                continue
+            for env_id, reason in entries.items():
+                found.setdefault(str(env_id), (name, str(reason)))
+    return found
+
+
 def _explain_unknown(env_id: str) -> str:
-    """For the registry's unknown-id message: the plugins of that namespace that failed to load."""
+    """For the registry's unknown-id message: why a plugin does not offer that id here, or the
+    plugins of its namespace that failed to load."""
+    known = unavailable_envs().get(env_id)
+    if known is not None:
+        return f" {known[0]} knows it but cannot offer it here: {known[1]}."
     namespace = env_id.partition("/")[0]
     broken = [p for p in plugin_infos() if p.error and namespace and namespace in p.name]
     return "".join(f" Plugin {p.name} failed to load: {p.error}." for p in broken)

@@ -13,7 +13,8 @@ from envhub import hookimpl, hookspecs, plugins
 from envhub.actions import ParsedReply, TagFormat, get_format
 from envhub.core import match_action
 from envhub.manager import EnvGroupManager
-from envhub.error import DuplicateEnv, PolicyError
+from envhub.cli import cli
+from envhub.error import DuplicateEnv, PolicyError, UnknownEnv
 from envhub.play import PLAYERS, get_player
 
 FIXTURES = Path(__file__).parent / "plugin_fixtures"
@@ -136,6 +137,35 @@ def test_hook_register_formats():
         plugins.host.remove("format-plugin")
     with pytest.raises(ValueError, match="unknown action format 'shout'"):
         get_format("shout")
+
+
+class UnavailablePlugin:
+    """Knows one id it cannot offer here; its broken twin's hook raises."""
+
+    @hookimpl
+    def unavailable_envs(self):
+        return {"ghost/Haunted-v0": "needs a corpus that is fetched at run time"}
+
+
+class BrokenUnavailablePlugin:
+    @hookimpl
+    def unavailable_envs(self):
+        raise RuntimeError("boom")
+
+
+def test_hook_unavailable_envs():
+    plugins.host.add(UnavailablePlugin(), name="ghost-plugin")
+    plugins.host.add(BrokenUnavailablePlugin(), name="broken-ghost-plugin")
+    try:
+        assert plugins.unavailable_envs()["ghost/Haunted-v0"] == ("ghost-plugin", "needs a corpus that is fetched at run time")
+        with pytest.raises(UnknownEnv, match="ghost-plugin knows it but cannot offer it here: needs a corpus"):
+            envhub.make("ghost/Haunted-v0")
+        result = CliRunner().invoke(cli, ["list", "--unavailable"])
+        assert result.exit_code == 0 and "ghost/Haunted-v0" in result.output
+    finally:
+        plugins.host.remove("ghost-plugin")
+        plugins.host.remove("broken-ghost-plugin")
+    assert "ghost/Haunted-v0" not in plugins.unavailable_envs()
 
 
 def test_a_format_name_taken_twice_is_a_plugin_error_not_a_crash():

@@ -1,5 +1,6 @@
 """The envhub-textarena plugin: TextArena's games behind the envhub contract."""
 
+import json
 import re
 from pathlib import Path
 
@@ -50,6 +51,21 @@ def test_ids_follow_envhubs_form():
 def test_an_unavailable_game_says_why_without_fetching_anything():
     with pytest.raises(MissingDependency, match="nltk"):
         TextArenaEnv("Wordle-v0")
+
+
+def test_an_unavailable_id_is_listed_and_its_error_gives_the_reason():
+    from click.testing import CliRunner
+
+    from envhub.cli import cli
+    from envhub.error import UnknownEnv
+
+    with pytest.raises(UnknownEnv, match="envhub-textarena knows it but cannot offer it here: .*nltk"):
+        envhub.make("textarena/Wordle-v0")
+    result = CliRunner().invoke(cli, ["info", "textarena/Wordle-v0"])
+    assert result.exit_code != 0 and "nltk" in result.output and "Traceback" not in result.output
+    rows = json.loads(CliRunner().invoke(cli, ["list", "--unavailable", "--json"]).stdout)
+    assert {row["id"] for row in rows} == {envhub_id(ta_id) for ta_id in UNAVAILABLE}
+    assert all(row["plugin"] == "envhub-textarena" and row["reason"] for row in rows)
 
 
 def _play(env, policy, seed):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from envhub import hookimpl
-from envhub_textarena.games import EXPERTS, LEGAL, SINGLE_PLAYER, TWO_PLAYER, envhub_id
+from envhub_textarena.games import EXPERTS, LEGAL, SINGLE_PLAYER, TWO_PLAYER, UNAVAILABLE, envhub_id
 
 ENTRY = "envhub_textarena.env:TextArenaEnv"
 
@@ -45,3 +45,9 @@ def register_envs(register: Any) -> None:
             max_turns=2 * duel.max_turns,
             description=f"TextArena {duel.ta_id}, the model plays both players; success = the last mover won",
         )
+
+
+@hookimpl
+def unavailable_envs() -> dict[str, str]:
+    """TextArena's single-player variants that cannot run offline here, with the reason."""
+    return {envhub_id(ta_id): f"TextArena's {ta_id}: {reason}" for ta_id, reason in UNAVAILABLE.items()}
