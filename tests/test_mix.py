@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,6 +112,19 @@ def test_config_with_envs_sets_the_batch_and_refuses_a_second_env_id(tmp_path):
         _config(tmp_path, env_kwargs={"view": "local"})
     with pytest.raises(ValueError, match="advantage_norm_scope"):
         _config(tmp_path, advantage_norm_scope="tag")
+
+
+def test_an_override_reaches_one_env_of_a_mix_and_a_mistyped_id_is_refused():
+    from envhub_trl.config_file import ConfigError, apply_overrides, read_yaml_mapping
+
+    values = read_yaml_mapping(str(Path(__file__).parent.parent / "examples" / "mix.yaml"))
+    changed = apply_overrides(values, ["envs.sokoban/Sokoban-v0.env_kwargs.view=local", "envs.sokoban/Sokoban-v0.groups_per_step=2"])
+    assert changed["envs"]["sokoban/Sokoban-v0"]["env_kwargs"] == {"view": "local"}
+    assert changed["envs"]["sokoban/Sokoban-v0"]["groups_per_step"] == 2
+    assert changed["envs"]["frozenlake/FrozenLakeNotSlippery-v0"] == values["envs"]["frozenlake/FrozenLakeNotSlippery-v0"]
+    assert "env_kwargs" not in values["envs"]["sokoban/Sokoban-v0"]  # the file's values are not touched
+    with pytest.raises(ConfigError, match="envs has no 'sokoban/Sokobn-v0'; it has \\['frozenlake"):
+        apply_overrides(values, ["envs.sokoban/Sokobn-v0.max_turns=3"])
 
 
 def test_a_mix_checkpoint_plays_each_env_on_its_own_prompts(tmp_path):

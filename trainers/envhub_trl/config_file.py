@@ -135,7 +135,11 @@ def read_yaml_mapping(path: str) -> dict[str, Any]:
 
 def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
     """``values`` updated by Hydra-style ``KEY=VALUE`` overrides (``VALUE`` read as YAML, so
-    ``max_steps=200`` is an integer); ``a.b=VALUE`` sets key ``b`` of the mapping ``a``."""
+    ``max_steps=200`` is an integer); ``a.b=VALUE`` sets key ``b`` of the mapping ``a``.
+
+    ``envs.<env id>.KEY=VALUE`` sets one env's setting in a mix. An env id the config's ``envs:``
+    does not hold is refused, naming the ones it does: a typo must not add a second, unconfigured env.
+    """
     values = dict(values)
     for override in overrides:
         key, sep, raw = override.partition("=")
@@ -148,6 +152,9 @@ def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str]) -> 
             value = raw
         target = values
         *parents, leaf = key.split(".")
+        envs = values.get("envs")
+        if parents[:1] == ["envs"] and len(parents) > 1 and isinstance(envs, dict) and parents[1] not in envs:
+            raise ConfigError(f"override {override!r}: envs has no {parents[1]!r}; it has {sorted(envs)}")
         for parent in parents:
             child = target.get(parent)
             target[parent] = child = dict(child) if isinstance(child, dict) else {}
