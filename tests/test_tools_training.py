@@ -13,7 +13,7 @@ from envhub.generation import ExpertGenerator, SamplingParams  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
-from trl_helpers import HalfExpert  # noqa: E402
+from trl_helpers import spied_run  # noqa: E402
 
 QA = "tools/MultiHopQA-v0"
 
@@ -83,29 +83,15 @@ def test_smollm2s_template_gets_the_tools_written_into_the_system_message():
 
 
 def test_two_training_steps_on_multihop_qa(tiny, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from envhub_trl.trainer import EnvGRPOTrainer
-
-    path, tokenizer = tiny
+    _, tokenizer = tiny
     config = EnvGRPOConfig(
         output_dir=str(tmp_path), env_id=QA, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
         max_steps=2, max_turn_tokens=8, logging_steps=1, report_to="none", learning_rate=1e-3, use_cpu=True,
         save_strategy="no", disable_tqdm=True, seed=3,
     )
     assert config.prompt_settings().action_format is None  # each env's own: tool-call here
-    model = AutoModelForCausalLM.from_pretrained(path)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    batches = []
-
-    class Spy(EnvGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            batches.append((output, list(self._manager.trajectories())))
-            return output
-
-    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
-    trainer.train()
+    trainer, before, spied = spied_run(tiny, config)
+    batches = [(batch["output"], batch["trajectories"]) for batch in spied]
     assert trainer.state.global_step == 2 and len(batches) == 2
     assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
     solved = [t for _, trajectories in batches for t in trajectories if t.success]

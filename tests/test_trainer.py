@@ -25,7 +25,7 @@ from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E40
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings, TurnBatch  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
-from trl_helpers import HalfExpert  # noqa: E402
+from trl_helpers import HalfExpert, spied_run  # noqa: E402
 from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
@@ -47,29 +47,6 @@ def tiny(tmp_path_factory):
     from trl_helpers import save_tiny_lake_model
 
     return save_tiny_lake_model(tmp_path_factory.mktemp("tiny") / "model")
-
-
-def spied_run(tiny, config: EnvGRPOConfig):
-    """Train on the tiny model with the half-expert generator; return the trainer, the weights
-    before, and every generation batch as the loss saw it (with its episodes and seeds)."""
-    from transformers import AutoModelForCausalLM
-
-    from envhub_trl.trainer import EnvGRPOTrainer
-
-    path, tokenizer = tiny
-    model = AutoModelForCausalLM.from_pretrained(path)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    batches = []
-
-    class Spy(EnvGRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            batches.append({"output": output, "trajectories": list(self._manager.trajectories()), "seeds": list(self._batch_seeds)})
-            return output
-
-    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
-    trainer.train()
-    return trainer, before, batches
 
 
 @pytest.fixture(scope="module")

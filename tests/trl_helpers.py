@@ -1,4 +1,4 @@
-"""A generator for trainer tests, shared by tests/test_trainer.py and its torchrun script."""
+"""Helpers for trainer tests: a generator (shared with the torchrun script), a spied training run, the tiny lake model."""
 
 from __future__ import annotations
 
@@ -31,3 +31,27 @@ def save_tiny_lake_model(path):
     build_model(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path, tokenizer
+
+
+def spied_run(tiny, config):
+    """Train on the tiny model with the half-expert generator; return the trainer, the weights
+    before, and every generation batch as the loss saw it (``output``, its ``trajectories`` and
+    ``seeds``)."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batches = []
+
+    class Spy(EnvGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            batches.append({"output": output, "trajectories": list(self._manager.trajectories()), "seeds": list(self._batch_seeds)})
+            return output
+
+    trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
+    trainer.train()
+    return trainer, before, batches
