@@ -272,8 +272,9 @@ class BatchStream:
     request queued since the last one in one ``generate`` call (the HF generator's continuous form:
     no request waits for a turn of the whole env batch, only for the batch in flight).
 
-    Requests queued together are sampled with the first one's :class:`SamplingParams` (their
-    ``max_new_tokens``, temperature and seed; :func:`request_seeds` then gives each its own seed).
+    A generator with ``generate_each(prompts, samplings)`` (the HF one) samples each request with
+    its own :class:`SamplingParams`, seed included, so a completion does not depend on which
+    requests arrived with it. Any other is called with the first queued request's sampling.
     """
 
     def __init__(self, generator: Generator):
@@ -290,7 +291,11 @@ class BatchStream:
         if not self._queue:
             return []
         queue, self._queue = self._queue, []
-        completions = self.generator.generate([prompt for _, prompt, _ in queue], queue[0][2])
+        each = getattr(self.generator, "generate_each", None)
+        if callable(each):
+            completions = each([prompt for _, prompt, _ in queue], [sampling for _, _, sampling in queue])
+        else:
+            completions = self.generator.generate([prompt for _, prompt, _ in queue], queue[0][2])
         return [(key, completion) for (key, _, _), completion in zip(queue, completions)]
 
     def pending(self) -> int:

@@ -224,6 +224,45 @@ def test_hf_generator_left_pads_prompts_of_different_lengths(hf, tokenizer):
         assert all(got > ref for got, ref in zip(completion.logprobs, unfiltered))  # renormalised over the top 5
 
 
+def test_hf_generate_each_samples_every_request_from_its_own_seed(hf, tokenizer):
+    """Continuous and async rollouts batch whatever requests have arrived: a request's completion
+    must not depend on its batch. Each is a draw from the processed distribution (its log-probs are
+    the model's at that temperature), and the same seed gives the same draw alone, in another
+    order, or beside other requests."""
+    from envhub.generation import BatchStream
+
+    texts = ["Turn 1", "Up", "Turn 1 of 20; a much longer prompt " * 2, "Left"]
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False) for t in texts]
+    prompts = [Prompt(i, []) for i in ids]
+    samplings = [SamplingParams(max_new_tokens=10, temperature=0.8, seed=100 + k) for k in range(4)]
+    together = hf.generate_each(prompts, samplings)
+    for k, completion in enumerate(together):
+        assert completion.logprobs == pytest.approx(forward_logprobs(hf.model, ids[k], completion.token_ids, temperature=0.8), abs=1e-4)
+        assert hf.generate_each([prompts[k]], [samplings[k]])[0].token_ids == completion.token_ids
+    backwards = hf.generate_each(prompts[::-1], samplings[::-1])[::-1]
+    assert [c.token_ids for c in backwards] == [c.token_ids for c in together]
+    assert len({tuple(c.token_ids) for c in hf.generate_each([prompts[0]] * 4, samplings)}) > 1  # other seeds, other draws
+    stream = BatchStream(hf)
+    for k in (2, 0):
+        stream.submit(k, prompts[k], samplings[k])
+    assert {k: c.token_ids for k, c in stream.poll()} == {2: together[2].token_ids, 0: together[0].token_ids}
+
+
+def test_hf_row_seeded_sampling_follows_the_processed_distribution(hf, tokenizer):
+    """The Gumbel-max draw is a sample of softmax(logits / T) restricted to the top k: 2,000 one-token
+    draws from one prompt match the model's probabilities."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        logits = hf.model(torch.tensor([prompt])).logits[0, -1].float()
+    probs = torch.softmax(logits / 1.5, dim=-1)
+    top = torch.topk(probs, 3)
+    expected = top.values / top.values.sum()
+    draws = hf.generate_each([Prompt(prompt, [])] * 2000, [SamplingParams(max_new_tokens=1, temperature=1.5, top_k=3, seed=s) for s in range(2000)])
+    counts = torch.tensor([sum(c.token_ids[0] == int(t) for c in draws) for t in top.indices], dtype=torch.float)
+    assert counts.sum() == 2000  # nothing outside the top 3
+    np.testing.assert_allclose((counts / 2000).numpy(), expected.numpy(), atol=0.035)  # about 4 standard errors
+
+
 # ---------------------------------------------------------------------------------------- vLLM in-process
 
 

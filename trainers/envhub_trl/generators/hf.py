@@ -20,6 +20,11 @@ class HFGenerator:
     ``logprobs_mode="processed_logprobs"``; a batch keeps its scores in memory, so ``batch_size``
     bounds memory for large vocabularies.
 
+    :meth:`generate` seeds one sampler for the whole call; :meth:`generate_each` gives every
+    prompt its own :class:`SamplingParams` and samples each from its own seed, so a completion does
+    not depend on which other requests share its batch (continuous and async rollouts, where
+    requests arrive in any order, stream through it).
+
     Args:
         model: a causal LM (its training mode is restored after generating).
         tokenizer: its tokenizer (pad token, decoding, and the chat template, from which the
@@ -69,8 +74,40 @@ class HFGenerator:
             self.model.train(was_training)
         return completions
 
+    def generate_each(self, prompts: Sequence[Prompt], samplings: Sequence[SamplingParams]) -> list[Completion]:
+        """One completion per prompt, each sampled with its own ``SamplingParams``, in order.
+
+        A prompt whose sampling has a seed is sampled from a generator of that seed alone (by the
+        Gumbel-max trick on the processed distribution), so its completion is the same whatever
+        else is batched with it, up to floating-point near-ties between batch shapes. Prompts whose
+        samplings differ in anything but the seed go in separate batches.
+        """
+        if len(samplings) != len(prompts):
+            raise ValueError(f"generate_each needs one sampling per prompt, got {len(samplings)} for {len(prompts)}")
+        for prompt in prompts:
+            if not prompt.token_ids:
+                raise ValueError("HFGenerator needs token-id prompts: give the manager a tokenizer")
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for index, sampling in enumerate(samplings):
+            groups.setdefault((sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k), []).append(index)
+        out: list[Completion | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=[] if self.model.device.type == "cpu" else [self.model.device]):
+                for indices in groups.values():
+                    for start in range(0, len(indices), self.batch_size):
+                        chunk = indices[start : start + self.batch_size]
+                        seeds = [samplings[i].seed for i in chunk]
+                        done = self._generate_batch([prompts[i] for i in chunk], samplings[chunk[0]], seeds=seeds)
+                        for index, completion in zip(chunk, done):
+                            out[index] = completion
+        finally:
+            self.model.train(was_training)
+        return out  # type: ignore[return-value]
+
     @torch.no_grad()
-    def _generate_batch(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: Sequence[Prompt], sampling: SamplingParams, seeds: Sequence[int | None] | None = None) -> list[Completion]:
         device = self.model.device
         width = max(len(p.token_ids) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -79,7 +116,13 @@ class HFGenerator:
             input_ids[row, width - len(prompt.token_ids) :] = torch.tensor(prompt.token_ids)
             attention[row, width - len(prompt.token_ids) :] = 1
         options: dict[str, Any] = {"do_sample": sampling.temperature > 0}
-        if sampling.temperature > 0:
+        sampler = None
+        if sampling.temperature > 0 and seeds is not None:
+            # Each row samples from its own generator: greedy decoding of the processed log-probs
+            # plus Gumbel noise drawn per row is a draw from that row's processed distribution.
+            sampler = _RowSeededSampler(sampling, seeds)
+            options = {"do_sample": False, "logits_processor": [sampler], "temperature": None, "top_p": None, "top_k": None}
+        elif sampling.temperature > 0:
             options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
         output = self.model.generate(
             input_ids=input_ids.to(device),
@@ -92,7 +135,8 @@ class HFGenerator:
             **options,
         )
         new = output.sequences[:, width:].cpu()
-        scores = torch.stack(output.scores, dim=1).float().log_softmax(dim=-1).cpu()
+        steps = sampler.processed if sampler is not None else output.scores
+        scores = torch.stack(list(steps), dim=1).float().log_softmax(dim=-1).cpu()
         chosen = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
         completions = []
         for row in range(len(prompts)):
@@ -103,3 +147,30 @@ class HFGenerator:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             completions.append(Completion(ids, chosen[row, : len(ids)].tolist(), text, finish))
         return completions
+
+
+class _RowSeededSampler:
+    """A logits processor that samples each row from its own seed: it applies temperature, top-k
+    and top-p as ``generate`` would, keeps the processed scores (the log-probs a completion
+    reports), and returns them plus Gumbel noise from the row's generator, so that greedy decoding
+    picks a draw from the processed distribution. A row without a seed draws fresh noise."""
+
+    def __init__(self, sampling: SamplingParams, seeds: Sequence[int | None]):
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers: list[Any] = [TemperatureLogitsWarper(sampling.temperature)]
+        if sampling.top_k > 0:
+            warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(sampling.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.generators = [torch.Generator().manual_seed(int(seed)) if seed is not None else None for seed in seeds]
+        self.processed: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        processed = self.warpers(input_ids, scores.float())
+        self.processed.append(processed)
+        rows, vocab = processed.shape
+        uniform = torch.stack([torch.rand(vocab, generator=g) if g is not None else torch.rand(vocab) for g in self.generators])
+        gumbel = -torch.log(-torch.log(uniform.clamp_(min=1e-20, max=1.0 - 1e-7)))
+        return processed.log_softmax(dim=-1) + gumbel.to(processed.device)
