@@ -363,10 +363,7 @@ class EnvGRPOTrainer(GRPOTrainer):
         """The producer: its own generator (HF: a copy of the model; vLLM: the engine, which only
         it touches while training runs) and its own manager; batch ``b``'s groups are seeded from
         ``(seed, b)``, the same on every process, each process playing its rows' share."""
-        if self._generator is not None and not isinstance(self._generator, (HFGenerator, VLLMGenerator)):
-            generator, load = self._generator, getattr(self._generator, "load_weights", None)
-            load = (lambda snapshot: generator.load_weights(_Snapshot(snapshot))) if load is not None else (lambda snapshot: None)
-        elif self.args.generator == "hf" and not isinstance(self._generator, VLLMGenerator):
+        if isinstance(self._generator, HFGenerator) or (self._generator is None and self.args.generator == "hf"):
             # A fresh model of the same config with the weights, not a deepcopy: a copy would carry
             # whatever the trainer has patched onto the training model at this moment.
             copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
@@ -375,8 +372,11 @@ class EnvGRPOTrainer(GRPOTrainer):
             generator = HFGenerator(copy_of_model, self.processing_class, **dict(self.args.generator_kwargs or {}))
             load = copy_of_model.load_state_dict
         else:
+            # vLLM's engine (only the producer touches it while training runs), or a generator the
+            # caller gave, which gets the posted weights if it can take them.
             generator = self.generator
-            load = lambda snapshot: generator.load_weights(_Snapshot(snapshot))  # noqa: E731
+            takes_weights = callable(getattr(generator, "load_weights", None))
+            load = (lambda snapshot: generator.load_weights(_Snapshot(snapshot))) if takes_weights else (lambda snapshot: None)
         groups = self.args.generation_batch_size // group_size
         offset = self.accelerator.process_index * rows
 
