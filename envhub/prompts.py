@@ -103,6 +103,8 @@ class TrainedOn:
         max_turns: the turn limit of its training episodes (None: the env's registered one).
         envs: with a mix of environments, each one's ``{"kwargs", "max_turns", "prompt"}``, where
             ``prompt`` holds its overrides of :data:`ENV_PROMPT_FIELDS`; empty for a single env.
+        max_reply_tokens: the most tokens a reply had in training (``max_turn_tokens``); a model
+            played with a larger budget meets replies it never learned to end. None when unknown.
     """
 
     prompt: PromptSettings = field(default_factory=PromptSettings)
@@ -110,6 +112,7 @@ class TrainedOn:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int | None = None
     envs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_reply_tokens: int | None = None
 
     def save(self, folder: str | Path) -> Path:
         """Write ``envhub.json`` into ``folder`` and return its path."""
@@ -120,6 +123,8 @@ class TrainedOn:
         }
         if self.envs:
             body["envs"] = self.envs
+        if self.max_reply_tokens is not None:
+            body["max_reply_tokens"] = self.max_reply_tokens
         path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -143,6 +148,7 @@ class TrainedOn:
                 env_kwargs=dict(env.get("kwargs") or {}),
                 max_turns=env.get("max_turns"),
                 envs=envs,
+                max_reply_tokens=None if body.get("max_reply_tokens") is None else int(body["max_reply_tokens"]),
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc

@@ -807,6 +807,7 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     trained = TrainedOn.load(tmp_path / "final")
     assert trained.prompt == PromptSettings("Reach the goal.", "Be brief.", None, False, 900, 2, -0.2)  # None: each env its own format
     assert (trained.env_id, trained.env_kwargs, trained.max_turns) == (LAKE, {"view": "local"}, 5)
+    assert trained.max_reply_tokens == config.max_turn_tokens == 8
 
     seed = group_seeds(0, 0, 1)[0]
     training = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, **config.manager_kwargs())
@@ -824,15 +825,22 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     monkeypatch.setattr(commands, "EnvGroupManager", Recording)
     cli = click.Group("envhub")
     plugin.register_commands(cli=cli)
-    args = ["eval", LAKE, "--model", str(tmp_path / "final"), "--episodes", "1", "--max-new-tokens", "4", "--no-references"]
+    args = ["eval", LAKE, "--model", str(tmp_path / "final"), "--episodes", "1", "--no-references"]
+    sampled = []
+    monkeypatch.setattr(commands, "rollout", lambda manager, generator, sampling, **kw: sampled.append(sampling) or rollout(manager, generator, sampling, **kw))
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert seen[0][0].token_ids == expected.token_ids
+    assert sampled[0].max_new_tokens == 8  # the reply budget it trained with
+    from envhub_trl.policy import load_model_player
+
+    assert load_model_player(str(tmp_path / "final"), LAKE).sampling.max_new_tokens == 8  # envhub run --policy PATH too
     text = tokenizer.decode(seen[0][0].token_ids)
     assert "Row 1, column 1." in text and "system\nBe brief.\n\nReach the goal." in text and "Legal actions" not in text
     assert "instead of the trained" not in result.output
 
-    result = CliRunner().invoke(cli, [*args, "--max-prompt-tokens", "700", "--max-turns", "3"])
+    result = CliRunner().invoke(cli, [*args, "--max-prompt-tokens", "700", "--max-turns", "3", "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
+    assert "max_new_tokens: 4 instead of the trained 8" in result.output and sampled[-1].max_new_tokens == 4
     assert "max_prompt_tokens: 700 instead of the trained 900" in result.output
     assert "max_turns: 3 instead of the trained 5" in result.output

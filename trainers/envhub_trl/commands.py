@@ -24,7 +24,7 @@ from envhub_trl.evaluation import finished_counter, progress_bar
 @click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the trained one, else the env's).")
 @click.option("--temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1), help="Longest reply.")
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1), help="Longest reply in tokens (default: the trained one, else 64).")
 @click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
               help="Context budget; longer episodes end truncated (default: the trained one, else 2048).")
 @click.option("--instructions", default=None, help="Replace the system message's instructions (default: the trained prompt's).")
@@ -39,7 +39,7 @@ def eval_command(
     seed: int,
     max_turns: int | None,
     temperature: float,
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     max_prompt_tokens: int | None,
     instructions: str | None,
     show_legal_actions: bool | None,
@@ -65,6 +65,9 @@ def eval_command(
         if max_turns is not None and trained_turns is not None and max_turns != trained_turns:
             click.echo(f"max_turns: {max_turns} instead of the trained {trained_turns}", err=True)
         max_turns = max_turns or trained_turns
+        if max_new_tokens is not None and trained.max_reply_tokens is not None and max_new_tokens != trained.max_reply_tokens:
+            click.echo(f"max_new_tokens: {max_new_tokens} instead of the trained {trained.max_reply_tokens}", err=True)
+        max_new_tokens = max_new_tokens or trained.max_reply_tokens or SamplingParams.max_new_tokens
         try:
             generator = make_generator(kind, path, env_ids=[env_id], seed=seed)
         except OSError as exc:  # a hub id that is neither cached nor downloadable here

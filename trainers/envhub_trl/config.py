@@ -257,7 +257,10 @@ class EnvGRPOConfig(GRPOConfig):
                 e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": self.manager_kwargs_for(e)["max_turns"], "prompt": dict(e.prompt)}
                 for e in self._entries
             }
-        return TrainedOn(self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs)
+        return TrainedOn(
+            self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs,
+            max_reply_tokens=self.max_turn_tokens,
+        )
 
     def estimator_settings(self) -> EstimatorSettings:
         """What the advantage estimators read (:mod:`envhub_trl.estimators`)."""

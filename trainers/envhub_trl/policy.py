@@ -10,7 +10,7 @@ from envhub.prompts import TrainedOn
 def load_model_player(name: str, env_id: str | None = None, seed: int | None = None) -> Player:
     """A greedy :class:`~envhub.play.Player` on the transformers model ``name`` (``tiny``,
     ``smollm2-135m``, a folder or a hub id; :func:`envhub_trl.models.resolve_model`), on the
-    prompts and env settings it trained with when its folder has an ``envhub.json``.
+    prompts, env settings and reply budget it trained with when its folder has an ``envhub.json``.
 
     It plays through the same manager as training and ``envhub eval``, so its prompts are rendered
     and its replies judged exactly as they were in training.
@@ -23,4 +23,5 @@ def load_model_player(name: str, env_id: str | None = None, seed: int | None = N
     trained = TrainedOn.load(path) or TrainedOn()
     prompt, env_kwargs, max_turns = trained.for_env(env_id) if env_id else (trained.prompt, {}, None)
     generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
-    return Player(generator, generator.tokenizer, SamplingParams(temperature=0.0, seed=seed), prompt, env_kwargs, max_turns)
+    sampling = SamplingParams(max_new_tokens=trained.max_reply_tokens or SamplingParams.max_new_tokens, temperature=0.0, seed=seed)
+    return Player(generator, generator.tokenizer, sampling, prompt, env_kwargs, max_turns)
