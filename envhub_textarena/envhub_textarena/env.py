@@ -12,9 +12,9 @@ reason. Where a game's legal moves can be listed (:mod:`envhub_textarena.solvers
 ``valid_actions()`` lists them and an unlisted move is refused before the game sees it.
 
 Randomness: TextArena draws from Python's global ``random`` (and a few games from NumPy's global
-generator). Every instance keeps both generators' states as its own and swaps them in around
-each call into the game, so envs interleaved in one process (a manager's group) do not disturb
-each other, and the same seed gives the same game in any process.
+generator). Every instance has generators of its own and puts them in the games' way around each
+call into the game, so envs interleaved in one process (a manager's group) do not disturb each
+other or the caller's global stream, and the same seed gives the same game in any process.
 
 Two-player games: the model plays one seat; the other is played by an opponent policy (see
 :mod:`envhub.adapters.opponents`: ``"random"``, ``"expert"``, a policy or factory, a model), or,
@@ -23,7 +23,6 @@ with ``opponent="self"``, every seat's turn is handed to the caller, as in the P
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import functools
@@ -31,9 +30,11 @@ import hashlib
 import importlib
 import io
 import json
+import operator
 import pickle
 import random
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,6 +69,17 @@ class _Discard(io.TextIOBase):
 
 
 _SINK = _Discard()
+
+#: The module functions of ``random`` that draw from its hidden global generator: each is a method
+#: bound to ``random._inst`` (``random.choice`` is ``random._inst.choice``). TextArena calls them
+#: as ``random.choice(...)``, so putting an instance's own bound methods under these names hands
+#: the game that instance's generator, at the cost of two dict updates instead of copying the
+#: 625-word Mersenne Twister state in and out (``getstate``/``setstate``: ~15 us a call).
+_RANDOM_NAMES: tuple[str, ...] = tuple(
+    name for name, value in vars(random).items() if getattr(value, "__self__", None) is random._inst
+)
+_RANDOM_NAMESPACE = vars(random)
+_random_functions = operator.itemgetter(*_RANDOM_NAMES)
 
 Moves = Callable[[Any, int], list[str]]
 Expert = Callable[[Any, int], "str | None"]
@@ -179,7 +191,10 @@ class TextArenaEnv(TextEnv):
         self.game_id = game
         self._make_game = load_game(game)
         self._numpy_random = bool(getattr(self._make_game, "uses_numpy_random", True))
-        self.game = self._make_game()
+        self._rng = random.Random(0)
+        self._rng_functions = {name: getattr(self._rng, name) for name in _RANDOM_NAMES}
+        self._np_state: Any = np.random.RandomState(0).get_state() if self._numpy_random else None
+        self.game = self._in_game(self._make_game)
         if not isinstance(num_players, int) or num_players < 1:
             raise AdapterError(f"num_players must be a positive integer, got {num_players!r}")
         self.num_players = num_players
@@ -205,8 +220,6 @@ class TextArenaEnv(TextEnv):
         )
         self._opponent: Policy | None = None
         self._fallback_rng = np.random.default_rng(0)
-        self._random_state = random.Random(0).getstate()
-        self._np_state = np.random.RandomState(0).get_state()
         self._ledger = SeatLedger(list(self._labels().values()))
         self._mover: int | None = None
         self._last_actor: int | None = None
@@ -257,11 +270,13 @@ class TextArenaEnv(TextEnv):
             self.seat = int(self.np_random.integers(self.num_players))
         game_seed, opponent_seed, fallback_seed = (int(x) for x in self.np_random.integers(2**31 - 1, size=3))
         self.game_seed = game_seed
-        self._random_state = random.Random(game_seed).getstate()
-        self._np_state = np.random.RandomState(game_seed).get_state()
-        self.game = self._make_game()
-        with self._own_random():
-            self.game.reset(num_players=self.num_players, seed=game_seed)
+        self._rng.seed(game_seed)
+        # NumPy's legacy state costs ~0.1 ms to make: only for the games that draw from it.
+        self._np_state = np.random.RandomState(game_seed).get_state() if self._numpy_random else None
+        # Made in the game's randomness too: a game may keep a module function (Secretary keeps
+        # ``random.random``), which must be this instance's.
+        self.game = self._in_game(self._make_game)
+        self._in_game(self.game.reset, num_players=self.num_players, seed=game_seed)
         self._key = None
         self._opponent = None if self._opponent_factory is None else self._opponent_factory(opponent_seed)
         self._fallback_rng = np.random.default_rng(fallback_seed)
@@ -368,22 +383,22 @@ class TextArenaEnv(TextEnv):
             return self._last_actor if self._last_actor is not None else 0
         return self.to_move()
 
-    @contextlib.contextmanager
-    def _own_random(self) -> Iterator[None]:
-        """Run game code with this instance's generators in the global ``random`` and NumPy, and
-        its prints (some games print progress) kept off the caller's stdout."""
+    def _in_game(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Return ``call(*args, **kwargs)`` run with this instance's generators in the global
+        ``random`` (and NumPy's, for the games that use it), and its prints (some games print
+        progress) kept off the caller's stdout."""
+        outside = _random_functions(_RANDOM_NAMESPACE)
+        _RANDOM_NAMESPACE.update(self._rng_functions)
         numpy = self._numpy_random
-        outside = random.getstate()
-        random.setstate(self._random_state)
         if numpy:
             outside_np = np.random.get_state()
             np.random.set_state(self._np_state)
+        stdout, sys.stdout = sys.stdout, _SINK
         try:
-            with contextlib.redirect_stdout(_SINK):
-                yield
+            return call(*args, **kwargs)
         finally:
-            self._random_state = random.getstate()
-            random.setstate(outside)
+            sys.stdout = stdout
+            _RANDOM_NAMESPACE.update(zip(_RANDOM_NAMES, outside))
             if numpy:
                 self._np_state = np.random.get_state()
                 np.random.set_state(outside_np)
@@ -395,7 +410,7 @@ class TextArenaEnv(TextEnv):
         ``opponent_move`` see to it), so the game is not copied first: a refusal then means the
         listing is wrong, an error in this plugin, not the player's.
         """
-        snapshot = None if self._legal is not None else (_snapshot(self.game), self._random_state, self._np_state)
+        snapshot = None if self._legal is not None else (_snapshot(self.game), self._rng.getstate(), self._np_state)
         state = self.game.state
         refused: list[str] = []
         original = state.set_invalid_move
@@ -406,8 +421,7 @@ class TextArenaEnv(TextEnv):
 
         state.set_invalid_move = record
         try:
-            with self._own_random():
-                self.game.step(move)
+            self._in_game(self.game.step, move)
         except Exception as exc:  # a game that crashes on odd text has refused it
             refused.append(f"the game could not read it ({type(exc).__name__}: {shorten(str(exc))})")
         finally:
@@ -417,7 +431,8 @@ class TextArenaEnv(TextEnv):
             return
         if snapshot is None:
             raise AdapterError(f"{self.game_id} refused the listed move '{move}': {refused[0]}; its legal-move function is wrong")
-        game, self._random_state, self._np_state = snapshot
+        game, rng_state, self._np_state = snapshot
+        self._rng.setstate(rng_state)
         self.game = _restore(game)
         self._key = None
         raise InvalidAction(f"the game refused '{shorten(move)}': {refused[0]}")
