@@ -220,7 +220,8 @@ class TextArenaEnv(TextEnv):
         )
         self._opponent: Policy | None = None
         self._fallback_rng = np.random.default_rng(0)
-        self._ledger = SeatLedger(list(self._labels().values()))
+        self._seat_labels = {s: f"Player {s}" for s in self.seats}
+        self._ledger = SeatLedger(list(self._seat_labels.values()))
         self._mover: int | None = None
         self._last_actor: int | None = None
         self._key: str | None = None
@@ -234,7 +235,8 @@ class TextArenaEnv(TextEnv):
         moves cannot be listed."""
         if self._legal is None:
             return None
-        if self.game_over() or player_id != self.to_move():
+        state = self.game.state
+        if state.done or player_id != state.current_player_id:
             return []
         return list(self._legal(self.game, player_id))
 
@@ -259,7 +261,7 @@ class TextArenaEnv(TextEnv):
 
     def seat_trajectories(self) -> dict[str, SeatTrajectory]:
         """Every seat's moves and rewards in the current game (see :mod:`envhub.adapters.seats`)."""
-        labels = self._labels()
+        labels = self._seat_labels
         played_by = {labels[s]: "model" if self.self_play or s == self.seat else "opponent" for s in self.seats}
         return self._ledger.trajectories(played_by, self.game_over())
 
@@ -280,7 +282,7 @@ class TextArenaEnv(TextEnv):
         self._key = None
         self._opponent = None if self._opponent_factory is None else self._opponent_factory(opponent_seed)
         self._fallback_rng = np.random.default_rng(fallback_seed)
-        self._ledger = SeatLedger(list(self._labels().values()))
+        self._ledger = SeatLedger(list(self._seat_labels.values()))
         self._mover = None
         self._last_actor = None
         self.opponent_fallbacks = 0
@@ -309,7 +311,7 @@ class TextArenaEnv(TextEnv):
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         actor = self._mover if self._mover is not None else self.to_move()
-        labels = self._labels()
+        labels = self._seat_labels
         before = dict(self._ledger.totals)
         self._ledger.record(labels[actor], self._observation or "", action)
         self._credit()
@@ -326,12 +328,12 @@ class TextArenaEnv(TextEnv):
         """Spend a turn on an invalid move (the game unchanged); the info names the seat to move."""
         observation, reward, terminated, truncated, info = super().reject(reason)
         seat = None if self.game_over() else self.to_move()
-        info.update({"seat": seat, "to_move": seat, "seat_rewards": {label: 0.0 for label in self._labels().values()}})
+        info.update({"seat": seat, "to_move": seat, "seat_rewards": {label: 0.0 for label in self._seat_labels.values()}})
         return observation, reward, terminated, truncated, info
 
     def valid_actions(self) -> list[str] | None:
         """The legal moves of the player to move, where the game's moves can be listed."""
-        return self.legal_for(self.to_move()) if self._legal is not None else None
+        return self.legal_for(self.game.state.current_player_id) if self._legal is not None else None
 
     def expert_action(self) -> str | None:
         """The exact solver's move for the player to move, or None without one."""
@@ -372,9 +374,6 @@ class TextArenaEnv(TextEnv):
         return self._observation or ""
 
     # ------------------------------------------------------------------ internals
-
-    def _labels(self) -> dict[int, str]:
-        return {s: f"Player {s}" for s in self.seats}
 
     def _perspective(self) -> int:
         if not self.self_play:
@@ -439,7 +438,7 @@ class TextArenaEnv(TextEnv):
 
     def _credit(self) -> None:
         if self.game_over():
-            labels = self._labels()
+            labels = self._seat_labels
             self._ledger.credit({labels[pid]: r for pid, r in self.outcome().items()})
 
     def _let_opponents_play(self) -> None:
@@ -452,7 +451,7 @@ class TextArenaEnv(TextEnv):
             legal = self.legal_for(seat) or []
             move, own = opponent_move(reply, legal, self._fallback_rng)
             self.opponent_fallbacks += not own
-            self._ledger.record(self._labels()[seat], observation, move)
+            self._ledger.record(self._seat_labels[seat], observation, move)
             self._play(move)
             self._credit()
             self._last_actor = seat
