@@ -191,6 +191,9 @@ class TextArenaEnv(TextEnv):
         self.game_id = game
         self._make_game = load_game(game)
         self._numpy_random = bool(getattr(self._make_game, "uses_numpy_random", True))
+        from textarena.core import ObservationType  # importable: load_game imported textarena
+
+        self._player_action = ObservationType.PLAYER_ACTION
         self._rng = random.Random(0)
         self._rng_functions = {name: getattr(self._rng, name) for name in _RANDOM_NAMES}
         self._np_state: Any = np.random.RandomState(0).get_state() if self._numpy_random else None
@@ -281,7 +284,8 @@ class TextArenaEnv(TextEnv):
         self._in_game(self.game.reset, num_players=self.num_players, seed=game_seed)
         self._key = None
         self._opponent = None if self._opponent_factory is None else self._opponent_factory(opponent_seed)
-        self._fallback_rng = np.random.default_rng(fallback_seed)
+        if self._opponent is not None:  # its generator (~7 us to make) serves only the opponent
+            self._fallback_rng = np.random.default_rng(fallback_seed)
         self._ledger = SeatLedger(list(self._seat_labels.values()))
         self._mover = None
         self._last_actor = None
@@ -312,13 +316,14 @@ class TextArenaEnv(TextEnv):
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         actor = self._mover if self._mover is not None else self.to_move()
         labels = self._seat_labels
-        before = dict(self._ledger.totals)
+        totals = self._ledger.totals
+        before = dict(totals)
         self._ledger.record(labels[actor], self._observation or "", action)
         self._credit()
         self._last_actor = actor
         self._let_opponents_play()
         over = self.game_over()
-        step_rewards = {labels[s]: self._ledger.totals[labels[s]] - before[labels[s]] for s in self.seats}
+        step_rewards = {label: totals[label] - before[label] for label in labels.values()}
         extra = {"seat": actor, "to_move": None if over else self.to_move(), "seat_rewards": step_rewards}
         if over:
             extra["outcome"] = self.outcome()
@@ -464,7 +469,7 @@ class TextArenaEnv(TextEnv):
         names = state.role_mapping
         lines = []
         for sender, text, kind in messages:
-            if sender in (player_id, GAME_ID) and getattr(kind, "name", "") == "PLAYER_ACTION":
+            if kind is self._player_action and sender in (player_id, GAME_ID):
                 continue  # the player's own move (some games echo it as the game's), which it knows
             lines.append(str(text) if sender == GAME_ID else f"[{names.get(sender, f'Player {sender}')}] {text}")
         if self.game_over():
@@ -514,8 +519,17 @@ def _jsonable(value: Any) -> Any:
     return type(value).__name__ if " at 0x" in text else text
 
 
-#: Canonical JSON, encoded by json's C encoder: dict keys sorted, other types through ``_jsonable``.
+#: Canonical JSON: dict keys sorted, compact, other types through ``_jsonable``.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+#: The same encoder as json's C encoder, made once (``JSONEncoder.encode`` makes one per call, a
+#: third of the cost on a small state), without the cycle check: a cyclic state exceeds the
+#: recursion limit instead, and is walked. None where json has no C encoder.
+_C_ENCODER = (
+    json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+    if json.encoder.c_make_encoder is not None
+    else None
+)
 
 
 def _canonical_json(content: Any) -> str:
@@ -526,7 +540,7 @@ def _canonical_json(content: Any) -> str:
     :func:`_canonical` and marked, so the two forms never collide.
     """
     try:
-        return _ENCODER.encode(content)
+        return "".join(_C_ENCODER(content, 0)) if _C_ENCODER is not None else _ENCODER.encode(content)
     except (TypeError, ValueError, RecursionError):
         return "walked:" + json.dumps(_canonical(content), sort_keys=True)
 
