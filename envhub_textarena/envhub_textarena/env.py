@@ -80,6 +80,8 @@ _RANDOM_NAMES: tuple[str, ...] = tuple(
 )
 _RANDOM_NAMESPACE = vars(random)
 _random_functions = operator.itemgetter(*_RANDOM_NAMES)
+_GLOBAL_FUNCTIONS = _random_functions(_RANDOM_NAMESPACE)
+_GLOBAL_BY_NAME = dict(zip(_RANDOM_NAMES, _GLOBAL_FUNCTIONS))
 
 Moves = Callable[[Any, int], list[str]]
 Expert = Callable[[Any, int], "str | None"]
@@ -355,7 +357,8 @@ class TextArenaEnv(TextEnv):
         # Recomputed only after reset and accepted moves: rejected ones leave the game as it was.
         state = self.game.state
         fields = {k: v for k, v in vars(self.game).items() if k not in _NOT_FIELDS}
-        content = {"game_state": state.game_state, "fields": fields, "done": bool(state.done), "rewards": state.rewards}
+        # A list, not a dict: its order is fixed, so there are no keys to sort (~0.5 us a step).
+        content = [state.game_state, fields, bool(state.done), state.rewards]
         digest = hashlib.sha256(_canonical_json(content).encode()).hexdigest()[:32]
         to_move = "-" if state.done else str(state.current_player_id)
         return f"{to_move}:{digest}"
@@ -402,7 +405,9 @@ class TextArenaEnv(TextEnv):
             return call(*args, **kwargs)
         finally:
             sys.stdout = stdout
-            _RANDOM_NAMESPACE.update(zip(_RANDOM_NAMES, outside))
+            # Usually random's own functions (a prepared dict is quicker to put back); a nested
+            # call or a caller's patch gets back exactly what was there.
+            _RANDOM_NAMESPACE.update(_GLOBAL_BY_NAME if outside == _GLOBAL_FUNCTIONS else zip(_RANDOM_NAMES, outside))
             if numpy:
                 self._np_state = np.random.get_state()
                 np.random.set_state(outside_np)
