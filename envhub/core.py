@@ -34,6 +34,8 @@ def normalize_action(text: str) -> str:
 
 def match_action(text: str, valid_actions: Sequence[str]) -> str | None:
     """Return the legal action ``text`` names, ignoring case and runs of whitespace, else None."""
+    if text in valid_actions:  # the usual reply names it exactly: no need to normalise every one
+        return text
     key = normalize_action(text)
     for candidate in valid_actions:
         if normalize_action(candidate) == key:
@@ -214,7 +216,7 @@ class TextEnv(gymnasium.Env[str, str]):
         """
         if not isinstance(action, str):
             raise InvalidAction(f"an action is text, got {type(action).__name__}")
-        if not normalize_action(action):
+        if not action.strip():  # what normalize_action would leave empty
             raise InvalidAction("the action is empty")
         legal = self.valid_actions()
         if legal is None:

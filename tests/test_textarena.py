@@ -1,6 +1,7 @@
 """The envhub-textarena plugin: TextArena's games behind the envhub contract."""
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -131,6 +132,29 @@ def test_interleaved_instances_keep_their_own_random_streams():
     other = envhub.make("textarena/2048-v0")
     other.reset(seed=99)
     assert trace(envhub.make("textarena/2048-v0"), 5, other) == alone
+
+
+def test_games_leave_the_callers_global_random_stream_alone():
+    random.seed(7)
+    expected = [random.random() for _ in range(3)]
+    env = envhub.make("textarena/2048-v0")
+    random.seed(7)
+    drawn = [random.random()]
+    env.reset(seed=1)
+    env.step("[up]")  # 2048 draws a new tile from TextArena's random after every move
+    drawn.append(random.random())
+    env.step("[left]")
+    drawn.append(random.random())
+    assert drawn == expected
+
+
+def test_a_game_that_keeps_a_random_function_draws_from_its_own_stream():
+    # TextArena's Secretary keeps ``random.random`` from its constructor and samples with it at reset.
+    def first_observation(global_seed):
+        random.seed(global_seed)
+        return envhub.make("textarena/Secretary-v0").reset(seed=3)[0]
+
+    assert first_observation(1) == first_observation(2)
 
 
 def test_an_opponent_answers_between_the_models_moves():

@@ -12,9 +12,9 @@ reason. Where a game's legal moves can be listed (:mod:`envhub_textarena.solvers
 ``valid_actions()`` lists them and an unlisted move is refused before the game sees it.
 
 Randomness: TextArena draws from Python's global ``random`` (and a few games from NumPy's global
-generator). Every instance keeps both generators' states as its own and swaps them in around
-each call into the game, so envs interleaved in one process (a manager's group) do not disturb
-each other, and the same seed gives the same game in any process.
+generator). Every instance has generators of its own and puts them in the games' way around each
+call into the game, so envs interleaved in one process (a manager's group) do not disturb each
+other or the caller's global stream, and the same seed gives the same game in any process.
 
 Two-player games: the model plays one seat; the other is played by an opponent policy (see
 :mod:`envhub.adapters.opponents`: ``"random"``, ``"expert"``, a policy or factory, a model), or,
@@ -23,7 +23,6 @@ with ``opponent="self"``, every seat's turn is handed to the caller, as in the P
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import enum
 import functools
@@ -31,9 +30,11 @@ import hashlib
 import importlib
 import io
 import json
+import operator
 import pickle
 import random
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -68,6 +69,19 @@ class _Discard(io.TextIOBase):
 
 
 _SINK = _Discard()
+
+#: The module functions of ``random`` that draw from its hidden global generator: each is a method
+#: bound to ``random._inst`` (``random.choice`` is ``random._inst.choice``). TextArena calls them
+#: as ``random.choice(...)``, so putting an instance's own bound methods under these names hands
+#: the game that instance's generator, at the cost of two dict updates instead of copying the
+#: 625-word Mersenne Twister state in and out (``getstate``/``setstate``: ~15 us a call).
+_RANDOM_NAMES: tuple[str, ...] = tuple(
+    name for name, value in vars(random).items() if getattr(value, "__self__", None) is random._inst
+)
+_RANDOM_NAMESPACE = vars(random)
+_random_functions = operator.itemgetter(*_RANDOM_NAMES)
+_GLOBAL_FUNCTIONS = _random_functions(_RANDOM_NAMESPACE)
+_GLOBAL_BY_NAME = dict(zip(_RANDOM_NAMES, _GLOBAL_FUNCTIONS))
 
 Moves = Callable[[Any, int], list[str]]
 Expert = Callable[[Any, int], "str | None"]
@@ -179,7 +193,13 @@ class TextArenaEnv(TextEnv):
         self.game_id = game
         self._make_game = load_game(game)
         self._numpy_random = bool(getattr(self._make_game, "uses_numpy_random", True))
-        self.game = self._make_game()
+        from textarena.core import ObservationType  # importable: load_game imported textarena
+
+        self._player_action = ObservationType.PLAYER_ACTION
+        self._rng = random.Random(0)
+        self._rng_functions = {name: getattr(self._rng, name) for name in _RANDOM_NAMES}
+        self._np_state: Any = np.random.RandomState(0).get_state() if self._numpy_random else None
+        self.game = self._in_game(self._make_game)
         if not isinstance(num_players, int) or num_players < 1:
             raise AdapterError(f"num_players must be a positive integer, got {num_players!r}")
         self.num_players = num_players
@@ -205,9 +225,8 @@ class TextArenaEnv(TextEnv):
         )
         self._opponent: Policy | None = None
         self._fallback_rng = np.random.default_rng(0)
-        self._random_state = random.Random(0).getstate()
-        self._np_state = np.random.RandomState(0).get_state()
-        self._ledger = SeatLedger(list(self._labels().values()))
+        self._seat_labels = {s: f"Player {s}" for s in self.seats}
+        self._ledger = SeatLedger(list(self._seat_labels.values()))
         self._mover: int | None = None
         self._last_actor: int | None = None
         self._key: str | None = None
@@ -221,7 +240,8 @@ class TextArenaEnv(TextEnv):
         moves cannot be listed."""
         if self._legal is None:
             return None
-        if self.game_over() or player_id != self.to_move():
+        state = self.game.state
+        if state.done or player_id != state.current_player_id:
             return []
         return list(self._legal(self.game, player_id))
 
@@ -246,7 +266,7 @@ class TextArenaEnv(TextEnv):
 
     def seat_trajectories(self) -> dict[str, SeatTrajectory]:
         """Every seat's moves and rewards in the current game (see :mod:`envhub.adapters.seats`)."""
-        labels = self._labels()
+        labels = self._seat_labels
         played_by = {labels[s]: "model" if self.self_play or s == self.seat else "opponent" for s in self.seats}
         return self._ledger.trajectories(played_by, self.game_over())
 
@@ -257,15 +277,18 @@ class TextArenaEnv(TextEnv):
             self.seat = int(self.np_random.integers(self.num_players))
         game_seed, opponent_seed, fallback_seed = (int(x) for x in self.np_random.integers(2**31 - 1, size=3))
         self.game_seed = game_seed
-        self._random_state = random.Random(game_seed).getstate()
-        self._np_state = np.random.RandomState(game_seed).get_state()
-        self.game = self._make_game()
-        with self._own_random():
-            self.game.reset(num_players=self.num_players, seed=game_seed)
+        self._rng.seed(game_seed)
+        # NumPy's legacy state costs ~0.1 ms to make: only for the games that draw from it.
+        self._np_state = np.random.RandomState(game_seed).get_state() if self._numpy_random else None
+        # Made in the game's randomness too: a game may keep a module function (Secretary keeps
+        # ``random.random``), which must be this instance's.
+        self.game = self._in_game(self._make_game)
+        self._in_game(self.game.reset, num_players=self.num_players, seed=game_seed)
         self._key = None
         self._opponent = None if self._opponent_factory is None else self._opponent_factory(opponent_seed)
-        self._fallback_rng = np.random.default_rng(fallback_seed)
-        self._ledger = SeatLedger(list(self._labels().values()))
+        if self._opponent is not None:  # its generator (~7 us to make) serves only the opponent
+            self._fallback_rng = np.random.default_rng(fallback_seed)
+        self._ledger = SeatLedger(list(self._seat_labels.values()))
         self._mover = None
         self._last_actor = None
         self.opponent_fallbacks = 0
@@ -294,14 +317,15 @@ class TextArenaEnv(TextEnv):
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         actor = self._mover if self._mover is not None else self.to_move()
-        labels = self._labels()
-        before = dict(self._ledger.totals)
+        labels = self._seat_labels
+        totals = self._ledger.totals
+        before = dict(totals)
         self._ledger.record(labels[actor], self._observation or "", action)
         self._credit()
         self._last_actor = actor
         self._let_opponents_play()
         over = self.game_over()
-        step_rewards = {labels[s]: self._ledger.totals[labels[s]] - before[labels[s]] for s in self.seats}
+        step_rewards = {label: totals[label] - before[label] for label in labels.values()}
         extra = {"seat": actor, "to_move": None if over else self.to_move(), "seat_rewards": step_rewards}
         if over:
             extra["outcome"] = self.outcome()
@@ -311,12 +335,12 @@ class TextArenaEnv(TextEnv):
         """Spend a turn on an invalid move (the game unchanged); the info names the seat to move."""
         observation, reward, terminated, truncated, info = super().reject(reason)
         seat = None if self.game_over() else self.to_move()
-        info.update({"seat": seat, "to_move": seat, "seat_rewards": {label: 0.0 for label in self._labels().values()}})
+        info.update({"seat": seat, "to_move": seat, "seat_rewards": {label: 0.0 for label in self._seat_labels.values()}})
         return observation, reward, terminated, truncated, info
 
     def valid_actions(self) -> list[str] | None:
         """The legal moves of the player to move, where the game's moves can be listed."""
-        return self.legal_for(self.to_move()) if self._legal is not None else None
+        return self.legal_for(self.game.state.current_player_id) if self._legal is not None else None
 
     def expert_action(self) -> str | None:
         """The exact solver's move for the player to move, or None without one."""
@@ -332,10 +356,11 @@ class TextArenaEnv(TextEnv):
     def _compute_key(self) -> str:
         # Recomputed only after reset and accepted moves: rejected ones leave the game as it was.
         state = self.game.state
-        fields = {k: v for k, v in vars(self.game).items() if k not in ("state", "env_id", "entry_point")}
-        content = {"game_state": state.game_state, "fields": fields, "done": bool(state.done), "rewards": state.rewards}
-        digest = hashlib.sha256(json.dumps(_canonical(content), sort_keys=True).encode()).hexdigest()[:32]
-        to_move = "-" if self.game_over() else str(self.to_move())
+        fields = {k: v for k, v in vars(self.game).items() if k not in _NOT_FIELDS}
+        # A list, not a dict: its order is fixed, so there are no keys to sort (~0.5 us a step).
+        content = [state.game_state, fields, bool(state.done), state.rewards]
+        digest = hashlib.sha256(_canonical_json(content).encode()).hexdigest()[:32]
+        to_move = "-" if state.done else str(state.current_player_id)
         return f"{to_move}:{digest}"
 
     def is_success(self) -> bool:
@@ -358,9 +383,6 @@ class TextArenaEnv(TextEnv):
 
     # ------------------------------------------------------------------ internals
 
-    def _labels(self) -> dict[int, str]:
-        return {s: f"Player {s}" for s in self.seats}
-
     def _perspective(self) -> int:
         if not self.self_play:
             return self.seat
@@ -368,22 +390,24 @@ class TextArenaEnv(TextEnv):
             return self._last_actor if self._last_actor is not None else 0
         return self.to_move()
 
-    @contextlib.contextmanager
-    def _own_random(self) -> Iterator[None]:
-        """Run game code with this instance's generators in the global ``random`` and NumPy, and
-        its prints (some games print progress) kept off the caller's stdout."""
+    def _in_game(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Return ``call(*args, **kwargs)`` run with this instance's generators in the global
+        ``random`` (and NumPy's, for the games that use it), and its prints (some games print
+        progress) kept off the caller's stdout."""
+        outside = _random_functions(_RANDOM_NAMESPACE)
+        _RANDOM_NAMESPACE.update(self._rng_functions)
         numpy = self._numpy_random
-        outside = random.getstate()
-        random.setstate(self._random_state)
         if numpy:
             outside_np = np.random.get_state()
             np.random.set_state(self._np_state)
+        stdout, sys.stdout = sys.stdout, _SINK
         try:
-            with contextlib.redirect_stdout(_SINK):
-                yield
+            return call(*args, **kwargs)
         finally:
-            self._random_state = random.getstate()
-            random.setstate(outside)
+            sys.stdout = stdout
+            # Usually random's own functions (a prepared dict is quicker to put back); a nested
+            # call or a caller's patch gets back exactly what was there.
+            _RANDOM_NAMESPACE.update(_GLOBAL_BY_NAME if outside == _GLOBAL_FUNCTIONS else zip(_RANDOM_NAMES, outside))
             if numpy:
                 self._np_state = np.random.get_state()
                 np.random.set_state(outside_np)
@@ -395,7 +419,7 @@ class TextArenaEnv(TextEnv):
         ``opponent_move`` see to it), so the game is not copied first: a refusal then means the
         listing is wrong, an error in this plugin, not the player's.
         """
-        snapshot = None if self._legal is not None else (_snapshot(self.game), self._random_state, self._np_state)
+        snapshot = None if self._legal is not None else (_snapshot(self.game), self._rng.getstate(), self._np_state)
         state = self.game.state
         refused: list[str] = []
         original = state.set_invalid_move
@@ -406,8 +430,7 @@ class TextArenaEnv(TextEnv):
 
         state.set_invalid_move = record
         try:
-            with self._own_random():
-                self.game.step(move)
+            self._in_game(self.game.step, move)
         except Exception as exc:  # a game that crashes on odd text has refused it
             refused.append(f"the game could not read it ({type(exc).__name__}: {shorten(str(exc))})")
         finally:
@@ -417,14 +440,15 @@ class TextArenaEnv(TextEnv):
             return
         if snapshot is None:
             raise AdapterError(f"{self.game_id} refused the listed move '{move}': {refused[0]}; its legal-move function is wrong")
-        game, self._random_state, self._np_state = snapshot
+        game, rng_state, self._np_state = snapshot
+        self._rng.setstate(rng_state)
         self.game = _restore(game)
         self._key = None
         raise InvalidAction(f"the game refused '{shorten(move)}': {refused[0]}")
 
     def _credit(self) -> None:
         if self.game_over():
-            labels = self._labels()
+            labels = self._seat_labels
             self._ledger.credit({labels[pid]: r for pid, r in self.outcome().items()})
 
     def _let_opponents_play(self) -> None:
@@ -437,7 +461,7 @@ class TextArenaEnv(TextEnv):
             legal = self.legal_for(seat) or []
             move, own = opponent_move(reply, legal, self._fallback_rng)
             self.opponent_fallbacks += not own
-            self._ledger.record(self._labels()[seat], observation, move)
+            self._ledger.record(self._seat_labels[seat], observation, move)
             self._play(move)
             self._credit()
             self._last_actor = seat
@@ -450,7 +474,7 @@ class TextArenaEnv(TextEnv):
         names = state.role_mapping
         lines = []
         for sender, text, kind in messages:
-            if sender in (player_id, GAME_ID) and getattr(kind, "name", "") == "PLAYER_ACTION":
+            if kind is self._player_action and sender in (player_id, GAME_ID):
                 continue  # the player's own move (some games echo it as the game's), which it knows
             lines.append(str(text) if sender == GAME_ID else f"[{names.get(sender, f'Player {sender}')}] {text}")
         if self.game_over():
@@ -472,6 +496,58 @@ def _snapshot(game: Any) -> bytes | Any:
 
 def _restore(snapshot: bytes | Any) -> Any:
     return pickle.loads(snapshot) if isinstance(snapshot, bytes) else snapshot
+
+
+#: The game object's attributes that are not part of its state.
+_NOT_FIELDS = frozenset(("state", "env_id", "entry_point"))
+
+
+def _jsonable(value: Any) -> Any:
+    """What JSON cannot encode, as something it can, with no process-dependent parts (addresses,
+    set order): the ``default`` of :data:`_ENCODER`."""
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        try:
+            return sorted(value)
+        except TypeError:  # mixed or unorderable items: order by their JSON text
+            return sorted(value, key=_ENCODER.encode)
+    if callable(value) or isinstance(value, (random.Random, np.random.Generator, np.random.RandomState)):
+        return type(value).__name__
+    if hasattr(value, "fen") and callable(value.fen):
+        return value.fen()
+    if hasattr(value, "__dict__"):
+        return [type(value).__name__, vars(value)]
+    text = repr(value)
+    return type(value).__name__ if " at 0x" in text else text
+
+
+#: Canonical JSON: dict keys sorted, compact, other types through ``_jsonable``.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+#: The same encoder as json's C encoder, made once (``JSONEncoder.encode`` makes one per call, a
+#: third of the cost on a small state), without the cycle check: a cyclic state exceeds the
+#: recursion limit instead, and is walked. None where json has no C encoder.
+_C_ENCODER = (
+    json.encoder.c_make_encoder(None, _jsonable, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
+    if json.encoder.c_make_encoder is not None
+    else None
+)
+
+
+def _canonical_json(content: Any) -> str:
+    """The canonical JSON text of a game's state: equal states give equal text in any process.
+
+    The C encoder takes ~2 us on Tower of Hanoi's state where walking it in Python took ~35 us;
+    states it cannot take (dict keys of mixed or non-JSON types, reference cycles) are walked by
+    :func:`_canonical` and marked, so the two forms never collide.
+    """
+    try:
+        return "".join(_C_ENCODER(content, 0)) if _C_ENCODER is not None else _ENCODER.encode(content)
+    except (TypeError, ValueError, RecursionError):
+        return "walked:" + json.dumps(_canonical(content), sort_keys=True)
 
 
 def _canonical(value: Any, depth: int = 0) -> Any:

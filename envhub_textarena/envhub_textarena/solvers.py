@@ -74,9 +74,15 @@ def _open_range(ta_env: Any) -> tuple[int, int]:
     return low, high
 
 
+@functools.lru_cache(maxsize=None)
+def _guesses(low: int, high: int) -> tuple[tuple[int, str], ...]:
+    return tuple((n, f"[{n}]") for n in range(low, high + 1))
+
+
 def guess_moves(ta_env: Any, player_id: int) -> list[str]:
     """Every number in the game's range not guessed yet: ``[7]``."""
-    return [f"[{n}]" for n in range(ta_env.min_number, ta_env.max_number + 1) if n not in ta_env.guessed_numbers]
+    guessed = ta_env.guessed_numbers
+    return [move for n, move in _guesses(ta_env.min_number, ta_env.max_number) if n not in guessed]
 
 
 def guess_expert(ta_env: Any, player_id: int) -> str | None:
