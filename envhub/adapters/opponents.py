@@ -1,7 +1,7 @@
 """Who plays the seats the model does not: opponent policies for the PettingZoo adapter.
 
 An opponent is any :class:`envhub.generation.Policy`: an object with ``act(env, observation) ->
-str``. It is handed a seat view (:class:`envhub.adapters.pettingzoo.SeatView`: the legal moves,
+str``. It is handed a seat view (:class:`envhub.adapters.seats.SeatView`: the legal moves,
 the expert and the PettingZoo env, from its seat's side) and the same kind of observation text the
 model reads, so a model-backed policy plays the opponent exactly as it would play its own seat.
 

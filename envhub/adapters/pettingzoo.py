@@ -22,6 +22,7 @@ import numpy as np
 
 from envhub.adapters.opponents import opponent_factory, opponent_move
 from envhub.adapters.references import resolve
+from envhub.adapters import seats
 from envhub.adapters.seats import SeatLedger, SeatTrajectory, outcome_of
 from envhub.core import TextEnv, normalize_action
 from envhub.error import AdapterError, MissingDependency
@@ -42,39 +43,14 @@ BoardText = Callable[[Any], str]
 Expert = Callable[[Any, str], int]
 
 
-class SeatView:
-    """The adapter seen from one seat: what an opponent policy is handed as its ``env``.
-
-    It answers the calls policies make on an env (``valid_actions``, ``expert_action``,
-    ``spec``, ``instructions``) for its seat, and gives scripted opponents the PettingZoo env.
-    """
-
-    def __init__(self, env: PettingZooTextEnv, seat: str):
-        self._env = env
-        self.seat = seat
+class SeatView(seats.SeatView):
+    """The PettingZoo adapter seen from one seat (:class:`envhub.adapters.seats.SeatView`), which
+    also gives scripted opponents the PettingZoo env and the board as the seat sees it."""
 
     @property
     def aec(self) -> Any:
         """The PettingZoo env."""
         return self._env.aec
-
-    @property
-    def spec(self) -> Any:
-        """The adapter's spec."""
-        return self._env.spec
-
-    @property
-    def instructions(self) -> str:
-        """The game's rules."""
-        return self._env.instructions
-
-    def valid_actions(self) -> list[str]:
-        """The seat's legal moves now (empty when it is not the seat's turn)."""
-        return self._env.legal_actions(self.seat)
-
-    def expert_action(self) -> str | None:
-        """The expert's move for the seat, or None."""
-        return self._env.expert_for(self.seat)
 
     def render_text(self) -> str:
         """The game as the seat sees it."""
@@ -187,7 +163,7 @@ class PettingZooTextEnv(TextEnv):
 
     # ------------------------------------------------------------------ seats
 
-    def legal_actions(self, seat: str) -> list[str]:
+    def legal_for(self, seat: str) -> list[str]:
         """The names of ``seat``'s legal moves now: empty unless it is that seat's turn."""
         if self.game_over() or seat != self.aec.agent_selection:
             return []
@@ -196,7 +172,7 @@ class PettingZooTextEnv(TextEnv):
 
     def expert_for(self, seat: str) -> str | None:
         """The expert's move for ``seat`` when it is that seat's turn, else None."""
-        if self._expert is None or not self.legal_actions(seat):
+        if self._expert is None or not self.legal_for(seat):
             return None
         return self.action_names[int(self._expert(self.aec, seat))]
 
@@ -218,7 +194,7 @@ class PettingZooTextEnv(TextEnv):
             result = {"win": "you won", "loss": "you lost", "draw": "it is a draw"}[outcome_of(self._ledger.totals[seat])]
             lines.append(f"Game over: {result}.")
         elif seat == self.aec.agent_selection:
-            lines.append(f"Your legal moves: {', '.join(self.legal_actions(seat))}.")
+            lines.append(f"Your legal moves: {', '.join(self.legal_for(seat))}.")
         return "\n".join(lines)
 
     def seat_trajectories(self) -> dict[str, SeatTrajectory]:
@@ -266,7 +242,7 @@ class PettingZooTextEnv(TextEnv):
 
     def valid_actions(self) -> list[str]:
         """The legal moves of the seat to move (the model's seat, or any seat in self-play)."""
-        return [] if self.game_over() else self.legal_actions(self.aec.agent_selection)
+        return [] if self.game_over() else self.legal_for(self.aec.agent_selection)
 
     def expert_action(self) -> str | None:
         """The expert's move for the seat to move, or None without an expert or after the game."""
@@ -334,7 +310,7 @@ class PettingZooTextEnv(TextEnv):
             seat = self.aec.agent_selection
             observation = self.text_for(seat)
             reply = self._opponent.act(SeatView(self, seat), observation)
-            move, own = opponent_move(reply, self.legal_actions(seat), self._fallback_rng)
+            move, own = opponent_move(reply, self.legal_for(seat), self._fallback_rng)
             self.opponent_fallbacks += not own
             self._play(seat, observation, self.action_names.index(move))
 

@@ -10,6 +10,38 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+class SeatView:
+    """A multi-player adapter seen from one seat: what an opponent policy is handed as its ``env``.
+
+    It answers the calls policies make on an env (``valid_actions``, ``expert_action``, ``spec``,
+    ``instructions``) for its seat, through the adapter's ``legal_for(seat)`` and
+    ``expert_for(seat)``. Each adapter's subclass adds what its scripted opponents need.
+    """
+
+    def __init__(self, env: Any, seat: Any):
+        self._env = env
+        self.seat = seat
+
+    @property
+    def spec(self) -> Any:
+        """The adapter's spec."""
+        return self._env.spec
+
+    @property
+    def instructions(self) -> str:
+        """The game's rules."""
+        return self._env.instructions
+
+    def valid_actions(self) -> list[str] | None:
+        """The seat's legal moves now (empty when it is not the seat's turn)."""
+        return self._env.legal_for(self.seat)
+
+    def expert_action(self) -> str | None:
+        """The expert's move for the seat, or None."""
+        return self._env.expert_for(self.seat)
+
 
 #: Outcome of a finished game for one seat, from its total reward.
 WIN, LOSS, DRAW = "win", "loss", "draw"

@@ -42,6 +42,7 @@ import numpy as np
 
 from envhub.adapters.opponents import opponent_factory, opponent_move
 from envhub.adapters.references import resolve
+from envhub.adapters import seats
 from envhub.adapters.seats import SeatLedger, SeatTrajectory, outcome_of
 from envhub.core import TextEnv, shorten
 from envhub.error import AdapterError, InvalidAction, MissingDependency
@@ -124,35 +125,19 @@ def _uses_numpy_random(module_name: str) -> bool:
                for path in package.rglob("*.py"))
 
 
-class SeatView:
-    """The game seen from one seat: what an opponent policy is handed as its ``env``."""
+class SeatView(seats.SeatView):
+    """The game seen from one seat (:class:`envhub.adapters.seats.SeatView`), which also gives
+    scripted opponents the TextArena env and the seat's player id."""
 
-    def __init__(self, env: TextArenaEnv, player_id: int):
-        self._env = env
-        self.player_id = player_id
+    @property
+    def player_id(self) -> int:
+        """TextArena's id of the seat."""
+        return self.seat
 
     @property
     def game(self) -> Any:
         """The unwrapped TextArena env."""
         return self._env.game
-
-    @property
-    def spec(self) -> Any:
-        """The adapter's spec."""
-        return self._env.spec
-
-    @property
-    def instructions(self) -> str:
-        """The game's rules."""
-        return self._env.instructions
-
-    def valid_actions(self) -> list[str] | None:
-        """The seat's legal moves now (empty when it is not the seat's turn)."""
-        return self._env.legal_for(self.player_id)
-
-    def expert_action(self) -> str | None:
-        """The expert's move for the seat, or None."""
-        return self._env.expert_for(self.player_id)
 
 
 class TextArenaEnv(TextEnv):
