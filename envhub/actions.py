@@ -289,13 +289,22 @@ class ReplyOutcome:
     observations: tuple[str, ...] = ()
 
 
-def apply_reply(env: TextEnv, reply: str, fmt: Any | None = None) -> ReplyOutcome:
+#: Why a reply the token limit cut off is refused (``EnvGroupManager(unfinished_replies="invalid")``).
+UNFINISHED_REASON = "the reply did not end its turn within the token limit; end it right after the answer"
+
+
+def apply_reply(env: TextEnv, reply: str, fmt: Any | None = None, cut: bool = False) -> ReplyOutcome:
     """Parse ``reply`` and take its action(s) in ``env``; never raises for any reply.
 
     A reply that breaks the format, or names an illegal action, spends one turn through
-    ``env.reject`` and leaves the state unchanged. Several actions are taken in order until the
-    episode ends.
+    ``env.reject`` and leaves the state unchanged; so does a reply marked ``cut`` (the token
+    limit cut it off before it ended its turn), whatever it says. Several actions are taken in
+    order until the episode ends.
     """
+    if cut:
+        parsed = ParsedReply(actions=(), format_valid=False, legal=True, error=UNFINISHED_REASON)
+        observation, reward, terminated, truncated, info = env.reject(UNFINISHED_REASON)
+        return ReplyOutcome(parsed, observation, reward, terminated, truncated, info, (observation,))
     parsed = (fmt or FORMATS["answer"]).parse(reply, env.valid_actions(), env_tools(env))
     if not parsed.valid:
         observation, reward, terminated, truncated, info = env.reject(parsed.error or "invalid reply")

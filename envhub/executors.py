@@ -66,20 +66,26 @@ class StepRequest:
     """Apply the replies ``replies`` to the environments of ``slots`` (same order) with the format ``fmt``.
 
     One request per batch, not per environment: a turn of a thousand envs allocates little.
+    ``cut`` marks replies the token limit cut off before they ended their turn, which are invalid
+    (empty: none are; see ``EnvGroupManager``'s ``unfinished_replies``).
     """
 
     slots: Sequence[int]
     replies: Sequence[str]
     fmt: Any
     expert: bool = False
+    cut: Sequence[bool] = ()
 
     def __post_init__(self) -> None:
         if len(self.slots) != len(self.replies):
             raise ValueError(f"a step needs one reply per slot: {len(self.slots)} slots, {len(self.replies)} replies")
+        if self.cut and len(self.cut) != len(self.slots):
+            raise ValueError(f"cut needs one flag per slot: {len(self.slots)} slots, {len(self.cut)} flags")
 
     def subset(self, positions: Sequence[int]) -> StepRequest:
         """The request restricted to the slots at ``positions``."""
-        return StepRequest([self.slots[p] for p in positions], [self.replies[p] for p in positions], self.fmt, self.expert)
+        cut = [self.cut[p] for p in positions] if self.cut else ()
+        return StepRequest([self.slots[p] for p in positions], [self.replies[p] for p in positions], self.fmt, self.expert, cut)
 
 
 @dataclasses.dataclass(slots=True)
@@ -186,13 +192,14 @@ class EnvWorker:
         envs = self.envs
         states = []
         # One loop body per env per turn, inlined: at a thousand envs a call costs as much as parsing.
-        for slot, reply in zip(request.slots, request.replies):
+        cut = request.cut
+        for position, (slot, reply) in enumerate(zip(request.slots, request.replies)):
             env = envs.get(slot)
             if env is None:
                 states.append(EnvState(error=f"slot {slot} holds no environment; reset it first"))
                 continue
             try:
-                outcome = apply_reply(env, reply, fmt)  # type: ignore[arg-type]  (duck-typed format)
+                outcome = apply_reply(env, reply, fmt, cut=bool(cut) and cut[position])  # type: ignore[arg-type]  (duck-typed format)
                 over = outcome.terminated or outcome.truncated
                 info = outcome.info
                 parsed = outcome.parsed
@@ -338,9 +345,9 @@ class _PoolExecutor:
 
     def step(self, request: StepRequest) -> list[EnvState]:
         """Step the requested slots on their workers, in parallel."""
-        for slot, reply in zip(request.slots, request.replies):
+        for position, (slot, reply) in enumerate(zip(request.slots, request.replies)):
             if slot in self.histories:
-                self.histories[slot][1].append(StepRequest([slot], [reply], request.fmt, request.expert))
+                self.histories[slot][1].append(StepRequest([slot], [reply], request.fmt, request.expert, request.cut[position : position + 1]))
         shards = self._shards(request.slots)
         return self._run("step", shards, len(request.slots), request.subset)
 
@@ -471,7 +478,8 @@ class _PoolExecutor:
             batch = [(s, steps[i]) for s, steps in todo.items() if i < len(steps) and s not in self.diverged]
             if not batch:
                 break
-            merged = StepRequest([r.slots[0] for _, r in batch], [r.replies[0] for _, r in batch], batch[0][1].fmt, batch[0][1].expert)
+            cut = [bool(r.cut) and r.cut[0] for _, r in batch]
+            merged = StepRequest([r.slots[0] for _, r in batch], [r.replies[0] for _, r in batch], batch[0][1].fmt, batch[0][1].expert, cut if any(cut) else ())
             for (slot, _), state in zip(batch, self._receive(worker, self._send(worker, "step", merged))):
                 self._check_replay(slot, i + 1, state)
 

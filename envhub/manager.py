@@ -22,6 +22,7 @@ from envhub.actions import env_format_name, get_format
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
+from envhub.prompts import UNFINISHED_REPLIES
 from envhub.registration import spec
 from envhub.trajectory import Trajectory, Turn
 
@@ -78,6 +79,11 @@ class EnvGroupManager:
         max_prompt_tokens: the context budget: an episode whose next prompt would be longer ends,
             truncated. None for no budget. Needs a tokenizer.
         format_penalty: added to the reward of every invalid reply (format or illegal action).
+        unfinished_replies: ``"parse"`` (the default) reads a reply whose generation hit the token
+            limit (``finish_reason == "length"``) like any other; ``"invalid"`` makes it an
+            invalid action whatever it says. With ``"parse"``, a policy trained under a short
+            limit can learn to run past its answer and leave the limit to end its turn (DAPO
+            punishes overlong replies, TRL can mask them, for the same reason).
         action_format: the reply format, by name (``"answer"``, ``"think-answer"``, ``"tool-call"``,
             or one a plugin registered) or a format object; None plays each env in its own
             (``tool-call`` for a :class:`~envhub.core.ToolEnv`, ``answer`` otherwise).
@@ -105,6 +111,7 @@ class EnvGroupManager:
         tokenizer: Any | None = None,
         max_prompt_tokens: int | None = None,
         format_penalty: float = 0.0,
+        unfinished_replies: str = "parse",
         action_format: str | Any | None = None,
         system_prompt: str | None = None,
         instructions: str | None = None,
@@ -145,6 +152,9 @@ class EnvGroupManager:
         self.history_turns = history_turns
         self.max_prompt_tokens = max_prompt_tokens
         self.format_penalty = float(format_penalty)
+        if unfinished_replies not in UNFINISHED_REPLIES:
+            raise ValueError(f"unfinished_replies must be one of {UNFINISHED_REPLIES}, got {unfinished_replies!r}")
+        self.unfinished_replies = unfinished_replies
         chosen = get_format(action_format) if isinstance(action_format, str) else action_format
         #: The reply format of each env id (a mix of tool and text envs plays each in its own).
         self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
@@ -289,14 +299,19 @@ class EnvGroupManager:
         of the manager, so it may run in another thread (the continuous rollout's env threads)
         while this one records other answers with :meth:`apply`."""
         texts = [r if isinstance(r, str) else r.text for r in replies]
+        cut: Sequence[bool] = ()
+        if self.unfinished_replies == "invalid":
+            cut = [not isinstance(r, str) and r.finish_reason == "length" for r in replies]
+            cut = cut if any(cut) else ()
         by_format: dict[Any, list[int]] = {}
         for position, i in enumerate(slots):
             by_format.setdefault(self._slots[i].fmt, []).append(position)
         if len(by_format) == 1:
-            return self.executor.step(StepRequest(list(slots), texts, self._slots[slots[0]].fmt, self.expert_hints))
+            return self.executor.step(StepRequest(list(slots), texts, self._slots[slots[0]].fmt, self.expert_hints, cut))
         states: list[Any] = [None] * len(texts)
         for fmt, positions in by_format.items():  # a mix of reply formats: answers put back in order
-            request = StepRequest([slots[p] for p in positions], [texts[p] for p in positions], fmt, self.expert_hints)
+            flags = [cut[p] for p in positions] if cut else ()
+            request = StepRequest([slots[p] for p in positions], [texts[p] for p in positions], fmt, self.expert_hints, flags)
             for p, state in zip(positions, self.executor.step(request)):
                 states[p] = state
         return states

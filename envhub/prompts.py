@@ -44,6 +44,9 @@ class PromptSettings:
             ends, truncated. None for no budget.
         history_turns: in the step layout, how many earlier turns each prompt shows.
         format_penalty: added to the reward of every invalid reply.
+        unfinished_replies: ``"parse"`` reads a reply the token limit cut off like any other;
+            ``"invalid"`` refuses it (an invalid action, with the format penalty), so a policy
+            cannot learn to run past its answer and leave the limit to end its turn.
     """
 
     instructions: str | None = None
@@ -53,8 +56,11 @@ class PromptSettings:
     max_prompt_tokens: int | None = 2048
     history_turns: int = 2
     format_penalty: float = 0.0
+    unfinished_replies: str = "parse"
 
     def __post_init__(self) -> None:
+        if self.unfinished_replies not in UNFINISHED_REPLIES:
+            raise ValueError(f"unfinished_replies must be one of {UNFINISHED_REPLIES}, got {self.unfinished_replies!r}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be at least 1 (or None), got {self.max_prompt_tokens}")
         if self.history_turns < 0:
@@ -86,6 +92,9 @@ class PromptSettings:
             raise SettingsError(f"unknown prompt settings {unknown}; known: {sorted(known)}")
         return cls(**values)
 
+
+#: What becomes of a reply the token limit cut off before it ended its turn.
+UNFINISHED_REPLIES = ("parse", "invalid")
 
 #: The prompt settings an env of a mix may set for itself (the rest shape the model's replies and
 #: its context, so they are one per run).

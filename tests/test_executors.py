@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from helper_envs import flaky_env, registered  # noqa: F401  (fixture)
 
+from envhub.actions import UNFINISHED_REASON
 from envhub.executors import InProcessExecutor, ProcessPoolExecutor, make_executor
-from envhub.generation import RandomGenerator
+from envhub.generation import Completion, RandomGenerator
 from envhub.manager import EnvGroupManager
 from envhub.rollout import rollout
 
@@ -58,6 +59,34 @@ def test_a_dead_process_is_replaced_and_its_episodes_replayed(pool, reference):
 
     assert play(pool, kill=kill) == reference
     assert pool.restarts == before + 1
+
+
+def test_a_cut_off_reply_is_refused_in_a_worker_and_after_its_worker_is_replaced(pool):
+    """unfinished_replies="invalid": a reply the token limit cut off is an invalid action, also in a
+    process pool, and the mark survives the replay of a dead worker's episodes."""
+    cut = Completion([1, 2], [0.0, 0.0], "<answer>Down</answer>", "length")
+    done = Completion([1, 2], [0.0, 0.0], "<answer>Down</answer>", "stop")
+    runs = []
+    for executor in (InProcessExecutor(), pool):
+        manager = EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 1, 4, seed=2, format_penalty=-0.5, unfinished_replies="invalid", executor=executor)
+        manager.reset()
+        manager.prompts()
+        manager.step([cut, done, cut, done])
+        if executor is pool:
+            pool.workers[0].process.kill()
+            pool.workers[0].process.join()
+        manager.prompts()
+        manager.step([done, done, done, done])
+        runs.append([[(u.action, u.action_is_valid, u.invalid_reason, u.reward, u.state_key) for u in t.turns] for t in manager.trajectories()])
+    assert runs[0] == runs[1]
+    first = [turns[0] for turns in runs[0]]
+    assert [valid for _, valid, _, _, _ in first] == [False, True, False, True]
+    assert first[0][2] == UNFINISHED_REASON and first[0][3] == -0.5 and first[0][0] is None
+    with EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 1, 1, seed=2) as manager:  # the default reads it
+        manager.reset()
+        manager.prompts()
+        manager.step([cut])
+        assert manager.trajectories()[0].turns[0].action == "Down"
 
 
 def test_an_env_raising_in_a_worker_ends_only_its_episode(pool, flaky_env):

@@ -33,7 +33,7 @@ Evaluation:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from trl import GRPOConfig
 
@@ -81,6 +81,10 @@ class EnvGRPOConfig(GRPOConfig):
     env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
     max_turns: int | None = field(default=None, metadata={"help": "Turn limit of every episode; None keeps the env's registered limit."})
     format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
+    unfinished_replies: Literal["parse", "invalid"] = field(
+        default="parse",
+        metadata={"help": "A reply cut off at max_turn_tokens before it ended its turn: 'parse' reads it like any other, 'invalid' refuses it (with format_penalty)."},
+    )
     action_format: str | None = field(
         default=None,
         metadata={
@@ -215,6 +219,7 @@ class EnvGRPOConfig(GRPOConfig):
             max_prompt_tokens=self.max_prompt_tokens,
             history_turns=self.history_turns,
             format_penalty=self.format_penalty,
+            unfinished_replies=self.unfinished_replies,
         )
 
     def env_entries(self) -> list[EnvEntry]:
