@@ -236,7 +236,7 @@ def plot(envs: dict[str, Any], runs: dict[str, dict[str, dict[int, dict[str, Any
         axis.set_ylim(-0.02, 1.05)
         axis.set_xlim(-0.03 * max(last, 1), max(last, 1) * 1.04)
         axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)
-    figure.suptitle("Algorithms at an equal budget (shaded: min-max over training seeds)")
+    figure.suptitle("Algorithms at an equal budget\n(shaded: min-max over training seeds)" if len(envs) == 1 else "Algorithms at an equal budget (shaded: min-max over training seeds)")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
