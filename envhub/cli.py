@@ -21,7 +21,7 @@ from envhub.core import ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.manager import EnvGroupManager
 from envhub.play import HumanGenerator, Player, StartError, Step, get_player, play
-from envhub.registration import registry, spec
+from envhub.registration import make, registry, spec
 from envhub.tools import describe_tools
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -445,18 +445,25 @@ def serve(env_id: str, host: str, port: int, max_sessions: int, action_format: s
 @click.argument("env_ids", nargs=-1)
 @click.option("--all", "check_all", is_flag=True, help="Check every registered environment.")
 @click.option("--fuzz", type=click.IntRange(min=1), default=1000, show_default=True, help="Malformed replies to try.")
+@click.option("--env-kwarg", "env_kwargs", multiple=True, metavar="KEY=VALUE", callback=_env_kwargs,
+              help="Check the env made with this keyword argument (repeatable), e.g. view=local; VALUE is read as JSON where it parses.")
 @json_option
-def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, as_json: bool) -> None:
+def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict[str, Any], as_json: bool) -> None:
     """Check environments against the envhub contract; exit 1 if any check fails."""
     ids = list(registry) if check_all else list(env_ids)
     if not ids:
         raise click.UsageError("name at least one environment id, or pass --all")
     for env_id in ids:
         spec(env_id)  # fail fast, with suggestions, on a typo
+        if env_kwargs:
+            try:
+                make(env_id, **env_kwargs).close()
+            except (TypeError, ValueError) as exc:
+                raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs)}: {exc}") from None
     reports = []
     with click.progressbar(ids, label="checking", file=sys.stderr, show_pos=True) as bar:
         for env_id in bar:
-            reports.append(check_env(env_id, fuzz=fuzz))
+            reports.append(check_env(env_id, fuzz=fuzz, **env_kwargs))
     if as_json:
         click.echo(json.dumps([r.to_json() for r in reports] if len(reports) > 1 else reports[0].to_json(), indent=2))
     else:

@@ -111,6 +111,20 @@ def test_check_passes_and_prints_json():
     assert report["ok"] and any(c["name"].startswith("fuzz of 1000") for c in report["checks"])
 
 
+def test_check_takes_env_kwargs_and_refuses_bad_ones_in_one_line(monkeypatch):
+    from envhub import cli as cli_module
+
+    seen = []
+    real = cli_module.check_env
+    monkeypatch.setattr(cli_module, "check_env", lambda env_id, **kw: seen.append(kw) or real(env_id, **kw))
+    result = invoke("check", "sokoban/Sokoban-v0", "--env-kwarg", "view=local", "--fuzz", "50")
+    assert result.exit_code == 0 and "checks passed" in result.output
+    assert seen == [{"fuzz": 50, "view": "local"}]
+    result = CliRunner().invoke(cli, ["check", "sokoban/Sokoban-v0", "--env-kwarg", "view=map"])
+    assert result.exit_code == 1 and "sokoban/Sokoban-v0 refuses --env-kwarg view: unknown view 'map'" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_check_exits_non_zero_with_a_readable_report(monkeypatch):
     from envhub_frozenlake.env import FrozenLakeTextEnv
 
