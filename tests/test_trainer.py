@@ -648,7 +648,10 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     assert (out / "final" / "config.json").is_file()
     results = json.loads((out / "results.json").read_text())
     assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
-    assert results["warm_start"] == {"steps": 2, "episodes": 4, "learning_rate": 1e-3, "batch_size": 16, "epsilon": 0.5}
+    assert results["warm_start"] == {
+        "steps": 2, "episodes": 4, "learning_rate": 1e-3, "batch_size": 16, "epsilon": 0.5,
+        "dagger_rounds": 0, "dagger_episodes": 64, "dagger_steps": 100, "dagger_temperature": 1.0,
+    }
     assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
     references = results["references"]
     assert list(references) == ["random policy", "open-loop", "expert", "optimal"]
@@ -772,6 +775,42 @@ def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp
     model = build_model(tokenizer, seed=0)
     losses = WarmStart(steps=30, episodes=24, epsilon=0.5).run(model, tokenizer, LAKE, seed=3, **manager_kwargs)
     assert len(losses) == 30 and losses[-1] < losses[0]
+
+
+def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp_path):
+    """On-policy relabelling: the student (here a random player) plays, and each prompt it answered
+    becomes a sample of that exact context with the expert's reply, token for token as a
+    demonstration's; a DAgger round then trains on the demonstrations and those labels."""
+    from envhub.generation import RandomGenerator
+    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+    from envhub_trl.warm_start import WarmStart, expert_samples, relabelled_samples
+
+    tokenizer = build_tokenizer(environment_corpus([LAKE]))
+    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
+    samples, trajectories = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, LAKE, range(12), **manager_kwargs)
+    # Lockstep play asks for every running episode's reply once a turn, in episode order.
+    turns = sorted((turn for t in trajectories for turn in t.turns), key=lambda turn: turn.index)
+    assert len(samples) == len(turns) > 12  # one label per reply the student made
+    assert any(turn.action != turn.expert_action for turn in turns)  # the random student strays from the expert
+    expert_reply = {}
+    for demo in expert_samples(tokenizer, LAKE, range(12), **manager_kwargs):
+        first = demo.completion_ids[: demo.turn_ids.count(0)]
+        expert_reply[tuple(demo.prompt_ids)] = [t for t, m in zip(first, demo.env_mask) if m]
+    for sample, turn in zip(samples, turns):
+        assert sample.env_mask == [1] * len(sample.completion_ids)
+        assert tokenizer.decode(sample.completion_ids).startswith(f"<answer>{turn.expert_action}</answer>")
+        # The context is exactly what the student was shown: the whole conversation so far.
+        assert tokenizer.decode(sample.prompt_ids).endswith(turn.user + "<|im_end|>\n<|im_start|>assistant\n")
+        if turn.index == 0:  # the first turn's context and label are the demonstration's
+            assert sample.completion_ids == expert_reply[tuple(sample.prompt_ids)]
+    rounds = []
+    model = build_model(tokenizer, seed=0)
+    warm = WarmStart(steps=3, episodes=4, dagger_rounds=2, dagger_episodes=4, dagger_steps=2)
+    losses = warm.run_on(model, tokenizer, [(LAKE, manager_kwargs)], seed=3, reply_tokens=8, on_round=lambda r, played: rounds.append((r, len(played))))
+    assert len(losses) == 3 + 2 * 2 and rounds == [(0, 4), (1, 4)]
+    assert "then 2 DAgger rounds of 4 episodes played by the model and labelled by the expert, 2 steps each" in warm.describe()
+    with pytest.raises(ValueError, match="dagger_episodes >= 1"):
+        WarmStart(dagger_episodes=0)
 
 
 

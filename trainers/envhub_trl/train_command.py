@@ -208,9 +208,12 @@ def run_training(
         )
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
-        if warm_start.steps:
+        if warm_start.active:
             click.echo(f"warm start: {warm_start.describe()}", err=True)
-            warm_start.run_on(model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed)
+            warm_start.run_on(
+                model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
+                reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
+            )
             trainer.weights_changed()  # a vLLM generator still holds the initial weights
             evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
         before_rl = trainer.state.global_step
@@ -222,7 +225,7 @@ def run_training(
         raise click.ClickException(str(exc)) from exc
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
-    start_key = STAGES[1] if warm_start.steps else STAGES[0]
+    start_key = STAGES[1] if warm_start.active else STAGES[0]
     end = trainer.state.global_step
     per_env = {}
     for entry in entries:
@@ -317,6 +320,12 @@ def _print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> N
         )
 
 
+def _dagger_progress(round_: int, trajectories: list[Any]) -> None:
+    """Echo how the model played in a DAgger round (its episodes on fresh training seeds)."""
+    won = sum(t.success for t in trajectories) / max(1, len(trajectories))
+    click.echo(f"warm start, DAgger round {round_ + 1}: the model won {won:.1%} of {len(trajectories)} episodes it played", err=True)
+
+
 def _sampling_text(args: Any) -> str:
     """How training samples, in words (``T=1, top-k 4``)."""
     return f"T={args.temperature:g}" + (f", top-k {args.top_k}" if args.top_k else "") + (f", top-p {args.top_p:g}" if args.top_p < 1 else "")
@@ -332,14 +341,16 @@ def _sampling_text(args: Any) -> str:
 @click.option("--warm-start-steps", default=None, type=click.IntRange(min=0),
               help="Supervised steps on expert episodes before RL (default: the config's warm_start.steps, else 0).")
 @click.option("--warm-start-episodes", default=None, type=click.IntRange(min=1), help="Expert episodes for the warm start (default 512).")
-@click.option("--warm-start-lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate of the warm start (default 1e-3).")
+@click.option("--warm-start-lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate of the warm start (default 3e-4).")
 @click.option("--warm-start-epsilon", default=None, type=click.FloatRange(0, 1),
               help="Probability that the demonstrator takes a random move instead of the expert's (default 0).")
+@click.option("--warm-start-dagger-rounds", default=None, type=click.IntRange(min=0),
+              help="Rounds of on-policy expert relabelling (DAgger) after the warm start's steps: the model plays, the expert labels every state it visits (default 0).")
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
-    eval_episodes, overrides,
+    warm_start_dagger_rounds, eval_episodes, overrides,
 ):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
@@ -354,7 +365,10 @@ def train_command(
     if eval_episodes is not None:
         values["eval_episodes"] = eval_episodes
     values["output_dir"] = output_dir
-    flags = {"steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon}
+    flags = {
+        "steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon,
+        "dagger_rounds": warm_start_dagger_rounds,
+    }
     warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})
     results = run_training(values, model_name, warm_start=warm_start)
     per_env = results["per_env"]

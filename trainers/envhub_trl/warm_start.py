@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from envhub.generation import ExpertGenerator, SamplingParams
+from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, SamplingParams
 from envhub.manager import EnvGroupManager
-from envhub.rollout import Sample, rollout, to_samples
+from envhub.rollout import Sample, Trajectory, rollout, to_samples
 
 
 def expert_samples(
@@ -43,6 +43,62 @@ def expert_samples(
     return samples
 
 
+class ExpertRelabeller:
+    """Plays a student generator and records, for every prompt it answers, the expert's reply to
+    that prompt: DAgger's data (Ross et al. 2011), the states the student visits, each labelled
+    with the oracle's move.
+
+    The manager fills ``Prompt.expert_action`` for it (``uses_expert``), and the label is the
+    :class:`~envhub.generation.ExpertGenerator`'s reply, token-exact as a demonstration's. Each
+    label is a sample whose prompt is the whole context the student saw (the conversation so far
+    in the trajectory layout, the step window in the step layout), so the model learns the way
+    out of the states its own mistakes lead to, such as dead ends the expert never enters.
+
+    Args:
+        student: the generator that plays (the model being warm-started).
+        tokenizer: the model's tokenizer (labels are its token ids).
+    """
+
+    uses_expert = True
+
+    def __init__(self, student: Generator, tokenizer: Any):
+        self.student = student
+        self.expert = ExpertGenerator(tokenizer=tokenizer)
+        self.samples: list[Sample] = []
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
+        """The student's replies; the expert's replies to the same prompts are kept in ``samples``."""
+        for prompt, label in zip(prompts, self.expert.generate(prompts, sampling)):
+            ids = list(label.token_ids)
+            self.samples.append(
+                Sample(
+                    prompt_ids=list(prompt.token_ids), completion_ids=ids, env_mask=[1] * len(ids), logprobs=[0.0] * len(ids),
+                    turn_ids=[0] * len(ids), group_id=0, trajectory_index=len(self.samples),
+                )
+            )
+        return self.student.generate(prompts, sampling)
+
+
+def relabelled_samples(
+    student: Generator,
+    tokenizer: Any,
+    env_id: str,
+    seeds: Sequence[int],
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    **manager_kwargs: Any,
+) -> tuple[list[Sample], list[Trajectory]]:
+    """The student's episodes on ``seeds`` (sampled at ``temperature``), every turn labelled with
+    the expert's reply: one sample per turn (:class:`ExpertRelabeller`), and the trajectories."""
+    manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
+    relabeller = ExpertRelabeller(student, tokenizer)
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    with manager:
+        trajectories = rollout(manager, relabeller, sampling, seeds=list(seeds))
+    return relabeller.samples, trajectories
+
+
 def supervised_steps(
     model: Any,
     samples: Sequence[Sample],
@@ -52,16 +108,18 @@ def supervised_steps(
     learning_rate: float = 1e-3,
     pad_id: int = 0,
     seed: int = 0,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> list[float]:
     """Train ``model`` for ``steps`` AdamW steps of cross-entropy on the samples' reply tokens.
 
-    Each step draws ``batch_size`` samples at random (from ``seed``). Returns each step's loss.
+    Each step draws ``batch_size`` samples at random (from ``seed``). ``optimizer`` continues an
+    earlier call's (None: a fresh AdamW at ``learning_rate``). Returns each step's loss.
     """
     if not samples:
         raise ValueError("no samples to learn from")
     rng = np.random.default_rng(seed)
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    optimizer = optimizer if optimizer is not None else torch.optim.AdamW(model.parameters(), lr=learning_rate)
     model.train()
     losses = []
     for _ in range(steps):
@@ -92,23 +150,40 @@ class WarmStart:
     Attributes:
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
-        learning_rate: the AdamW learning rate.
+        learning_rate: the AdamW learning rate. At 1e-3 the tiny model fell, at one training seed
+            of two, into fitting the moves to the turn number and never read its view; 3e-4
+            read at both (validation seeds, see the README's "Learning results").
         batch_size: samples per step.
         epsilon: the probability that the demonstrator takes a uniformly random legal move instead
             of the expert's; such moves are played, not imitated (:func:`expert_samples`). A model
             that imitates the clean expert never sees the states a mistake leads to, and gives ~0
             probability to the moves that get out of them (backing out of a FrozenLake dead end),
             which RL then cannot find: it only reinforces moves it samples.
+        dagger_rounds: rounds of on-policy expert relabelling (DAgger) after the ``steps`` on the
+            demonstrations: each round the model plays ``dagger_episodes`` episodes on fresh
+            training seeds, every turn it plays is labelled with the expert's move
+            (:class:`ExpertRelabeller`), the labels join the data, and ``dagger_steps`` more
+            supervised steps train on all of it. The model learns the way out of the states its
+            own mistakes lead to, which no fixed set of demonstrations shows.
+        dagger_episodes: the model's episodes per round.
+        dagger_steps: supervised steps after each round (one optimizer throughout).
+        dagger_temperature: the temperature the model plays at while its states are collected
+            (1: the states RL's sampling will visit; 0: those greedy play visits).
     """
 
     steps: int = 0
     episodes: int = 512
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-4
     batch_size: int = 16
     epsilon: float = 0.0
+    dagger_rounds: int = 0
+    dagger_episodes: int = 64
+    dagger_steps: int = 100
+    dagger_temperature: float = 1.0
 
     def __post_init__(self) -> None:
-        for name, kind in (("steps", int), ("episodes", int), ("batch_size", int), ("learning_rate", float), ("epsilon", float)):
+        kinds = {f.name: int if f.type in ("int", int) else float for f in dataclasses.fields(self)}
+        for name, kind in kinds.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
                 raise ValueError(f"warm_start.{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
@@ -117,6 +192,15 @@ class WarmStart:
             raise ValueError("warm_start needs steps >= 0, episodes >= 1, batch_size >= 1 and learning_rate > 0")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"warm_start.epsilon is a probability, between 0 and 1; got {self.epsilon}")
+        if self.dagger_rounds < 0 or self.dagger_episodes < 1 or self.dagger_steps < 0 or self.dagger_temperature < 0:
+            raise ValueError(
+                "warm_start needs dagger_rounds >= 0, dagger_episodes >= 1, dagger_steps >= 0 and dagger_temperature >= 0"
+            )
+
+    @property
+    def active(self) -> bool:
+        """Whether the warm start trains at all (supervised steps or DAgger rounds)."""
+        return bool(self.steps or self.dagger_rounds)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "WarmStart":
@@ -140,27 +224,63 @@ class WarmStart:
             converted[key] = value
         return cls(**converted)
 
-    def run(self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, **manager_kwargs: Any) -> list[float]:
+    def run(
+        self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, reply_tokens: int = 64, **manager_kwargs: Any
+    ) -> list[float]:
         """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
-        returns each step's loss (empty when ``steps`` is 0)."""
-        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed)
+        returns each step's loss (empty when ``steps`` is 0). ``reply_tokens`` bounds the model's
+        replies when it plays (DAgger rounds): the run's ``max_turn_tokens``."""
+        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed, reply_tokens)
 
-    def run_on(self, model: Any, tokenizer: Any, envs: Sequence[tuple[str, Mapping[str, Any]]], seed: int = 0) -> list[float]:
+    def run_on(
+        self,
+        model: Any,
+        tokenizer: Any,
+        envs: Sequence[tuple[str, Mapping[str, Any]]],
+        seed: int = 0,
+        reply_tokens: int = 64,
+        on_round: Any = None,
+    ) -> list[float]:
         """:meth:`run` on a mix: ``episodes`` demonstrator episodes of each ``(env_id,
-        manager_kwargs)``, rendered with that env's settings, drawn from in one pool."""
-        if not self.steps:
+        manager_kwargs)``, rendered with that env's settings, drawn from in one pool; each DAgger
+        round plays ``dagger_episodes`` of each env. ``on_round(round, trajectories)`` is called
+        with each round's episodes (the model's play before that round's steps)."""
+        if not self.active:
             return []
         samples = [
             sample
             for env_id, manager_kwargs in envs
             for sample in expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
         ]
-        return supervised_steps(
-            model, samples, self.steps, batch_size=self.batch_size, learning_rate=self.learning_rate,
-            pad_id=tokenizer.pad_token_id, seed=seed,
-        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=self.learning_rate)
+        train = dict(batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer)
+        losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
+        for round_ in range(self.dagger_rounds):
+            from envhub_trl.generators.hf import HFGenerator
+
+            # Fresh training seeds each round, after the demonstrations' (all below the held-out offset).
+            first = self.episodes + round_ * self.dagger_episodes
+            student = HFGenerator(model, tokenizer, batch_size=max(64, self.dagger_episodes))
+            played = []
+            for env_id, manager_kwargs in envs:
+                labelled, trajectories = relabelled_samples(
+                    student, tokenizer, env_id, range(first, first + self.dagger_episodes),
+                    temperature=self.dagger_temperature, max_new_tokens=reply_tokens, seed=seed + round_, **manager_kwargs,
+                )
+                samples.extend(labelled)
+                played.extend(trajectories)
+            if on_round is not None:
+                on_round(round_, played)
+            losses += supervised_steps(model, samples, self.dagger_steps, seed=seed + round_ + 1, **train)
+        return losses
 
     def describe(self) -> str:
         """In words, for progress messages."""
         noise = f", the expert taking a random move with probability {self.epsilon:g}" if self.epsilon else ""
-        return f"{self.steps} supervised steps on {self.episodes} expert episodes{noise}"
+        dagger = (
+            f", then {self.dagger_rounds} DAgger rounds of {self.dagger_episodes} episodes played by the model and "
+            f"labelled by the expert, {self.dagger_steps} steps each"
+            if self.dagger_rounds
+            else ""
+        )
+        return f"{self.steps} supervised steps on {self.episodes} expert episodes{noise}{dagger}"
