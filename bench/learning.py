@@ -91,8 +91,10 @@ def is_done(out: Path, spec: dict[str, Any]) -> bool:
         return False
     done = json.loads(path.read_text())
     config = {k: v for k, v in spec["values"].items() if k != "output_dir"}
-    # Results written before results.json had "warm_start" had only the step count to set.
-    warm_start = done.get("warm_start") or dataclasses.asdict(WarmStart(steps=done["warm_start_steps"]))
+    # Results written before results.json had "warm_start" had only the step count to set, and
+    # those written before a WarmStart field existed ran with its default (read back through from_mapping).
+    recorded = done.get("warm_start") or {"steps": done["warm_start_steps"], "learning_rate": 1e-3}
+    warm_start = dataclasses.asdict(WarmStart.from_mapping(recorded))
     return done["config"] == config and done["model"] == spec["model"] and warm_start == dataclasses.asdict(WarmStart.from_mapping(spec["warm_start"]))
 
 
