@@ -126,12 +126,14 @@ class ChatRenderer:
         fmt: the reply format, whose instructions close the system message.
         system_prompt: text put before the environment's instructions.
         show_legal_actions: list the legal actions in every user message (finite action sets).
+        show_turns: start every user message with the turn count (``Turn 2 of 8; 7 actions left.``).
     """
 
-    def __init__(self, fmt: Any, system_prompt: str | None = None, show_legal_actions: bool = True):
+    def __init__(self, fmt: Any, system_prompt: str | None = None, show_legal_actions: bool = True, show_turns: bool = True):
         self.fmt = fmt
         self.system_prompt = system_prompt
         self.show_legal_actions = show_legal_actions
+        self.show_turns = show_turns
         self._headers: dict[tuple[int, int | None], str] = {}
         self._legal: list[str] = []
         self._legal_line = ""
@@ -153,7 +155,7 @@ class ChatRenderer:
 
     def user(self, observation: str, turn: int, max_turns: int | None, valid_actions: Sequence[str] | None) -> str:
         """The user message of turn ``turn`` (from 0): where we are, what is left, what is legal."""
-        header = self._headers.get((turn, max_turns))
+        header = self._headers.get((turn, max_turns)) if self.show_turns else ""
         if header is None:
             if max_turns is None:
                 header = f"Turn {turn + 1}.\n"

@@ -91,6 +91,9 @@ class EnvGroupManager:
         instructions: text that replaces every environment's own instructions in the system
             message (a short prompt for a small model); None keeps the environments'.
         show_legal_actions: list the legal actions in each user message.
+        show_turns: start each user message with the turn count (``Turn 2 of 8; 7 actions left.``).
+            A tiny model trained from scratch can fit the expert's moves from the turn number
+            alone and never learn to read its observation; without the count it has to.
         executor: where the environments live (default: in this process).
         per_env: with a mix, settings an env id sets for itself, overriding the arguments above:
             ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
@@ -116,6 +119,7 @@ class EnvGroupManager:
         system_prompt: str | None = None,
         instructions: str | None = None,
         show_legal_actions: bool = True,
+        show_turns: bool = True,
         executor: Any | None = None,
         per_env: Mapping[str, Mapping[str, Any]] | None = None,
     ):
@@ -160,7 +164,7 @@ class EnvGroupManager:
         self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
         #: The reply format of the first env id.
         self.fmt = self.formats[self.group_env_ids[0]]
-        self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions)
+        self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions, show_turns)
         self.instructions = instructions
         unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in (per_env or {}).items()}
         unknown = {i: keys for i, keys in unknown.items() if keys}
@@ -177,7 +181,7 @@ class EnvGroupManager:
             key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
             renderer = renderers.get(key)
             if renderer is None:
-                renderer = renderers[key] = ChatRenderer(*key)
+                renderer = renderers[key] = ChatRenderer(*key, show_turns=show_turns)
             self._per_env[i] = (own["max_turns"], own["instructions"], renderer)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()

@@ -40,6 +40,7 @@ class PromptSettings:
             or one a plugin registered); None plays each env in its own (``tool-call`` for a
             tool env, ``answer`` otherwise).
         show_legal_actions: list the legal actions in every user message.
+        show_turns: start every user message with the turn count (``Turn 2 of 8; 7 actions left.``).
         max_prompt_tokens: the context budget in tokens: an episode whose next prompt is longer
             ends, truncated. None for no budget.
         history_turns: in the step layout, how many earlier turns each prompt shows.
@@ -53,6 +54,7 @@ class PromptSettings:
     system_prompt: str | None = None
     action_format: str | None = None
     show_legal_actions: bool = True
+    show_turns: bool = True
     max_prompt_tokens: int | None = 2048
     history_turns: int = 2
     format_penalty: float = 0.0

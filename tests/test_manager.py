@@ -80,6 +80,18 @@ def test_each_env_of_a_mix_gets_its_own_instructions_turn_limit_and_legal_action
         EnvGroupManager({lake: 1}, group_size=1, per_env={sokoban: {"max_turns": 2}})
 
 
+def test_show_turns_false_leaves_the_turn_count_out_of_every_user_message_of_a_mix():
+    """Without the count, a user message is the observation (and the legal actions): the model can
+    no longer fit the expert's moves to the turn number instead of reading what it sees."""
+    lake, sokoban = "frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0"
+    counted = rollout(EnvGroupManager({lake: 1, sokoban: 1}, group_size=1, seed=4), ExpertGenerator())
+    plain = rollout(EnvGroupManager({lake: 1, sokoban: 1}, group_size=1, seed=4, show_turns=False), ExpertGenerator())
+    for with_count, without in zip(counted, plain):
+        assert [turn.action for turn in with_count.turns] == [turn.action for turn in without.turns]
+        for k, (a, b) in enumerate(zip(with_count.turns, without.turns)):
+            assert a.user.startswith(f"Turn {k + 1}") and b.user == a.user.split("\n", 1)[1]
+
+
 def test_unknown_id_fails_at_construction():
     with pytest.raises(UnknownEnv):
         EnvGroupManager("frozenlake/FrozenLak-v0", 1, 1)

@@ -98,6 +98,13 @@ class EnvGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}
     )
     show_legal_actions: bool = field(default=True, metadata={"help": "List the legal actions in every user message."})
+    show_turns: bool = field(
+        default=True,
+        metadata={
+            "help": "Start every user message with the turn count ('Turn 2 of 8; 7 actions left.'). A tiny model trained from "
+            "scratch can fit the expert's moves from the turn number alone and never learn to read its observation."
+        },
+    )
     max_prompt_tokens: int | None = field(
         default=2048, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
     )
@@ -216,6 +223,7 @@ class EnvGRPOConfig(GRPOConfig):
             system_prompt=self.system_prompt,
             action_format=self.action_format,
             show_legal_actions=self.show_legal_actions,
+            show_turns=self.show_turns,
             max_prompt_tokens=self.max_prompt_tokens,
             history_turns=self.history_turns,
             format_penalty=self.format_penalty,
