@@ -37,7 +37,7 @@ demo: setup
 # Every benchmark but the learning one; each prints its figures and writes bench/results/NAME.json.
 # The Sokoban ones build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).
 bench: setup
-	for script in $(filter-out bench/learning.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
+	for script in $(filter-out bench/learning.py bench/warm_start_seeds.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
 
 # GRPO, GiGPO, REINFORCE++ and PPO on FrozenLake and Sokoban, 36 training runs: many hours on 2 cores. It
 # resumes: a finished run is not run again. Writes bench/results/learning.json and learning.png.
