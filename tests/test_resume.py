@@ -6,10 +6,11 @@ would leave the folder), resumed from it to ``n`` steps, and compared with the u
 
 Covered: GRPO with lockstep rollouts (the checkpoint inside a generation batch: TRL's buffered
 batch and micro-step counter), PPO (the value head and its optimizer group), REINFORCE++ (its
-frozen reference), a curriculum (stage and window) with continuous rollouts; and ``envhub train
---resume`` end to end, its ``results.json`` figures included. Not covered: async rollouts (their
-producer's position is restored, but the batches it played ahead with older weights are lost:
-see :mod:`envhub_trl.run_state`), vLLM generators, several processes.
+frozen reference), a curriculum (stage and window) with continuous rollouts, async rollouts with
+``max_staleness: 0`` (the producer's position); and ``envhub train --resume`` end to end, its
+``results.json`` figures included. Not covered: async rollouts with ``max_staleness`` > 0 (not
+exact: the batches the producer played ahead with older weights are lost, see
+:mod:`envhub_trl.run_state`), vLLM generators, several processes, GiGPO/RLOO (the same path as GRPO).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ MODES = {
         advantage_estimator="grpo", rollout_mode="continuous", per_device_train_batch_size=4,
         curriculum={"stages": [{"max_turns": 2}, {"max_turns": 3}], "advance_at": 0.0, "window": 2},
     ),
+    # With no staleness allowed every batch is played with the current weights: the producer's position alone matters.
+    "async-staleness-0": dict(advantage_estimator="grpo", rollout_mode="async", max_staleness=0, per_device_train_batch_size=4),
 }
 
 
@@ -120,6 +123,8 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
     interrupted = _trainer(tiny, _config(tmp_path / "cut", **MODES[mode]), callbacks=[KillAfterCheckpoint(k)])
     with pytest.raises(Killed):
         interrupted.train()
+    if interrupted._async is not None:
+        interrupted._async.close()  # a killed process's producer dies with it
     assert not (tmp_path / "cut" / f"checkpoint-{k + 1}").exists()
     resumed = _trainer(tiny, _config(tmp_path / "cut", **MODES[mode]))
     resumed.train(resume_from_checkpoint=True)
@@ -135,3 +140,167 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
     if mode.startswith("curriculum"):
         assert resumed.curriculum.stage == whole.curriculum.stage == 1
         assert [e["curriculum/stage"] for e in _trained_log(whole)] == [0.0, 0.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------------- the output folder
+
+
+def _fake_checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
+    checkpoint = folder / f"checkpoint-{step}"
+    checkpoint.mkdir(parents=True)
+    if complete:
+        (checkpoint / run_state.TRAINER_STATE_FILE).write_text("{}")
+    return checkpoint
+
+
+def test_resume_takes_the_last_complete_checkpoint_by_step(tmp_path):
+    for step in (2, 9, 10):
+        _fake_checkpoint(tmp_path, step)
+    _fake_checkpoint(tmp_path, 11, complete=False)  # killed while the Trainer wrote it
+    assert run_state.prepare_output_dir(tmp_path, resume=True) == tmp_path / "checkpoint-10"
+    assert run_state.prepare_output_dir(tmp_path, resume="last") == tmp_path / "checkpoint-10"
+    assert run_state.prepare_output_dir(tmp_path, resume=str(tmp_path / "checkpoint-2")) == tmp_path / "checkpoint-2"
+    with pytest.raises(ResumeError, match="not a complete checkpoint"):
+        run_state.prepare_output_dir(tmp_path, resume=str(tmp_path / "checkpoint-11"))
+    with pytest.raises(ResumeError, match="no such folder"):
+        run_state.prepare_output_dir(tmp_path, resume=str(tmp_path / "checkpoint-3"))
+    with pytest.raises(ResumeError, match="holds no checkpoint-N"):
+        run_state.prepare_output_dir(tmp_path / "empty", resume=True)
+
+
+def test_a_new_run_into_an_earlier_runs_checkpoints_is_refused_unless_asked(tmp_path):
+    assert run_state.prepare_output_dir(tmp_path) is None  # nothing there
+    (tmp_path / "notes.txt").write_text("mine")
+    _fake_checkpoint(tmp_path, 4)
+    with pytest.raises(ResumeError, match=r"holds an unfinished run \(last checkpoint checkpoint-4.*--resume.*--overwrite"):
+        run_state.prepare_output_dir(tmp_path)
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(ResumeError, match="holds a finished run with checkpoints"):
+        run_state.prepare_output_dir(tmp_path)
+    with pytest.raises(ResumeError, match="give one of them"):
+        run_state.prepare_output_dir(tmp_path, resume=True, overwrite=True)
+    (tmp_path / "final").mkdir()
+    assert run_state.prepare_output_dir(tmp_path, overwrite=True) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # the run's outputs gone, nothing else
+
+
+def test_a_resume_with_another_config_names_what_changed():
+    record = {"model": "tiny", "config": {"max_steps": 3, "learning_rate": 0.01, "save_steps": 1}, "warm_start": {"steps": 0}}
+    run_state.check_same_run(record, "tiny", {"max_steps": 3, "learning_rate": 0.01, "save_steps": 5}, {"steps": 0})
+    with pytest.raises(ResumeError, match=r"max_steps: 3 then, 6 now; seed: None then, 1 now"):
+        run_state.check_same_run(record, "tiny", {"max_steps": 6, "learning_rate": 0.01, "seed": 1}, {"steps": 0})
+    with pytest.raises(ResumeError, match="model: 'tiny' then, 'smollm2-135m' now"):
+        run_state.check_same_run(record, "smollm2-135m", record["config"], {"steps": 0})
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "holds an unfinished run (last checkpoint checkpoint-1, no results.json): add --resume to continue it, or --overwrite"),
+        (["resume_from_checkpoint=/no/such/checkpoint"], "cannot resume from /no/such/checkpoint: no such folder"),
+        (["--resume", "--overwrite"], "give one of them"),
+        (["--resume", "/no/such/checkpoint"], "cannot resume from /no/such/checkpoint: no such folder"),
+        (["--resume", "max_steps=3"], "holds no envhub_train.json"),  # an override after a bare --resume, not a path
+    ],
+)
+def test_train_command_refuses_what_it_cannot_resume_in_one_line(tmp_path, args, message):
+    from envhub.cli import cli
+
+    _fake_checkpoint(tmp_path / "out", 1)
+    result = CliRunner().invoke(cli, ["train", "--env", LAKE, "--output-dir", str(tmp_path / "out"), *args])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert message in result.output and result.output.count("\n") == 1, result.output
+
+
+# ---------------------------------------------------------------------------------------- envhub train --resume
+
+CLI_CONFIG = (
+    "max_turns: 3\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 2\nmax_steps: 3\nmax_turn_tokens: 6\n"
+    "eval_episodes: 2\neval_steps: 1\nsave_strategy: steps\nsave_steps: 1\nlogging_steps: 1\ndisable_tqdm: true\nseed: 5\n"
+    "learning_rate: 0.01\nformat_penalty: -0.1\nwarm_start: {steps: 2, episodes: 4, learning_rate: 0.01}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def half_expert_runs():
+    """``envhub train`` plays with the half-expert generator for the rest of the module (returns
+    differ within groups, so every step trains, and the evaluations are not all 0)."""
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EnvGRPOTrainer, "_build_generator", lambda self, model: HalfExpert(model, self.processing_class))
+        yield
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory, half_expert_runs):
+    """``envhub train`` uninterrupted, and the same run killed right after ``checkpoint-1``."""
+    from envhub.cli import cli
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    folder = tmp_path_factory.mktemp("cli")
+    config = folder / "run.yaml"
+    config.write_text(CLI_CONFIG)
+    command = ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir"]
+    whole = CliRunner().invoke(cli, [*command, str(folder / "whole")])
+    assert whole.exit_code == 0, whole.output
+
+    save = EnvGRPOTrainer._save_checkpoint
+
+    def save_then_die(self, model, trial):
+        save(self, model, trial)
+        if self.state.global_step == 1:
+            raise Killed("killed after checkpoint-1")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EnvGRPOTrainer, "_save_checkpoint", save_then_die)
+        cut = CliRunner().invoke(cli, [*command, str(folder / "cut")])
+    assert isinstance(cut.exception, Killed), cut.output
+    return folder, command
+
+
+def _results(folder: Path) -> dict:
+    results = json.loads((folder / "results.json").read_text())
+    results.pop("seconds")  # the wall clock
+    return results
+
+
+def _final_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(folder / "final").state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [["--resume"], ["resume_from_checkpoint={cut}/checkpoint-1"]])
+def test_train_command_resumes_to_the_uninterrupted_runs_figures_and_weights(cli_runs, tmp_path, how):
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    cut = tmp_path / "cut"
+    shutil.copytree(folder / "cut", cut)
+    assert not (cut / "results.json").exists() and (cut / "checkpoint-1").is_dir() and not (cut / "checkpoint-2").exists()
+    resumed = CliRunner().invoke(cli, [*command, str(cut), *[arg.format(cut=cut) for arg in how]])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from {cut / 'checkpoint-1'}" in resumed.stderr
+    assert "warm start:" not in resumed.stderr  # the checkpoint holds it
+
+    whole = _results(folder / "whole")
+    assert [p["step"] for p in whole["held_out_curve"]] == [1, 2] and whole["rl_steps"] == 3
+    assert 0 < whole["evaluations"]["after RL"]["sampled"]["invalid_action_rate"] < 1  # figures that could differ
+    assert _results(cut) == whole
+    assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
+    start = AutoModelForCausalLM.from_pretrained(cut / "checkpoint-1").state_dict()
+    assert _max_difference(_final_weights(cut), start) > 1e-4  # the resumed steps trained: the comparison can fail
+
+
+@pytest.mark.slow
+def test_train_command_overwrite_starts_afresh(cli_runs, tmp_path):
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    cut = tmp_path / "cut"
+    shutil.copytree(folder / "cut", cut)
+    fresh = CliRunner().invoke(cli, [*command, str(cut), "--overwrite", "max_steps=1", "eval_steps=null", "warm_start.steps=0"])
+    assert fresh.exit_code == 0, fresh.output
+    assert "resuming" not in fresh.stderr
+    assert json.loads((cut / "checkpoint-1" / run_state.RECORD_FILE).read_text())["config"]["max_steps"] == 1
+    assert _results(cut)["rl_steps"] == 1

@@ -23,13 +23,22 @@ files beside it) holds:
 
 PPO's value head is saved in every checkpoint by the trainer itself (``value_head.safetensors``).
 
+``envhub train`` adds its own record (``envhub_train.json``, :func:`read_record`): the model, the
+config and warm start it ran with, and the held-out evaluations made before RL and during it, so
+that a resumed run's ``results.json`` holds the same figures as an uninterrupted run's, and a
+resume with another config is refused rather than silently mixing two runs. An output folder with
+checkpoints is never overwritten by a new run unless asked (:func:`prepare_output_dir`).
+
 What holds: on the CPU, a run interrupted after checkpoint ``k`` and resumed ends with the
-uninterrupted run's weights (``tests/test_resume.py``) in lockstep and continuous rollouts. Async
-rollouts resume the producer's position (no seed is played twice or skipped), but the batches
-it had played ahead with older weights are lost with the process, so the first ``max_staleness``
-batches after a resume are played with the checkpoint's weights: the same seeds, other samples.
-On a GPU, cuBLAS and cuDNN kernels are not bit-for-bit deterministic, so an uninterrupted run does
-not repeat itself exactly either; a resumed run continues the same seed streams and schedule.
+uninterrupted run's weights (``tests/test_resume.py``) in lockstep and continuous rollouts, and in
+async rollouts with ``max_staleness: 0``. With ``max_staleness`` ``s`` > 0 the producer's position
+is restored (no env seed is played twice or skipped), but the batches it had played ahead with
+older weights die with the process, so the first ``s`` batches after a resume are played with the
+checkpoint's weights: the same seeds, other samples (which weights an uninterrupted async run's
+producer picks up depends on timing anyway). On a GPU, cuBLAS and cuDNN kernels are not
+bit-for-bit deterministic, so an uninterrupted run does not repeat itself exactly either; a
+resumed run continues the same seed streams, data order and schedule, and ends close to, not
+equal to, the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -51,6 +60,10 @@ RUN_STATE_FILE = "envhub_run_state.json"
 REFERENCE_FILE = "reference_model.safetensors"
 #: One process's generation batch under training, when the checkpoint falls inside one.
 BUFFER_FILE = "envhub_buffered_inputs_{process}.pt"
+#: ``envhub train``'s record in a checkpoint folder (what the trainer's ``run_record`` holds).
+RECORD_FILE = "envhub_train.json"
+#: Config fields a resumed run may change: they touch neither the run's course nor its figures.
+FREE_FIELDS = ("save_strategy", "save_steps", "save_total_limit", "disable_tqdm", "report_to", "logging_dir")
 #: The state file's layout; a checkpoint with another is refused rather than half-read.
 VERSION = 1
 #: What ``transformers.Trainer`` writes last in a checkpoint folder: a folder without it is not one.
@@ -115,8 +128,33 @@ def describe_run(output_dir: str | Path) -> str | None:
     found = last_checkpoint(output_dir)
     if found is None:
         return None
-    state = "a finished run" if (Path(output_dir) / RESULTS_FILE).is_file() else f"an unfinished run (last checkpoint {found.name}, no {RESULTS_FILE})"
-    return state
+    if (Path(output_dir) / RESULTS_FILE).is_file():
+        return f"a finished run with checkpoints (last {found.name})"
+    return f"an unfinished run (last checkpoint {found.name}, no {RESULTS_FILE})"
+
+
+def prepare_output_dir(output_dir: str | Path, resume: str | bool | None = None, overwrite: bool = False) -> Path | None:
+    """Make ``output_dir`` ready for a run; return the checkpoint it resumes from (None: a new run).
+
+    ``resume`` is as :func:`resolve_resume` takes it; ``overwrite`` removes an earlier run's
+    outputs (:func:`clear_run`). Without either, a folder that holds an earlier run's checkpoints
+    is refused: a new run would write its checkpoints among them, and a later resume would pick
+    up the wrong run.
+
+    Raises:
+        ResumeError: for both flags, a checkpoint that cannot be resumed, or a folder that holds a run.
+    """
+    if overwrite and resume not in (None, False):
+        raise ResumeError("--resume continues the run in the output folder and --overwrite removes it; give one of them")
+    if overwrite:
+        clear_run(output_dir)
+        return None
+    checkpoint = resolve_resume(output_dir, resume)
+    if checkpoint is None:
+        earlier = describe_run(output_dir)
+        if earlier is not None:
+            raise ResumeError(f"{output_dir} holds {earlier}: add --resume to continue it, or --overwrite to start afresh")
+    return checkpoint
 
 
 def clear_run(output_dir: str | Path) -> None:
@@ -161,6 +199,43 @@ def save(trainer: Any, folder: str | Path) -> None:
         "reference": reference is not None,
     }
     (folder / RUN_STATE_FILE).write_text(json.dumps(state, indent=1))
+    record = getattr(trainer, "run_record", None)  # envhub train's; None for a trainer used from Python
+    if record is not None:
+        (folder / RECORD_FILE).write_text(json.dumps(record, indent=1))
+
+
+def read_record(checkpoint: str | Path) -> dict[str, Any]:
+    """``envhub train``'s record in ``checkpoint`` (see the module docstring).
+
+    Raises:
+        ResumeError: when the checkpoint holds none (a run ``envhub train`` did not make).
+    """
+    path = Path(checkpoint) / RECORD_FILE
+    if not path.is_file():
+        raise ResumeError(
+            f"{checkpoint} holds no {RECORD_FILE}, so envhub train did not write it; resume it from Python with "
+            "EnvGRPOTrainer.train(resume_from_checkpoint=...)"
+        )
+    return json.loads(path.read_text())
+
+
+def check_same_run(record: dict[str, Any], model: str, config: dict[str, Any], warm_start: dict[str, Any]) -> None:
+    """Refuse to resume the run ``record`` describes with another model, config or warm start
+    (``config`` without ``output_dir``; the fields of :data:`FREE_FIELDS` may change).
+
+    Raises:
+        ResumeError: naming each field that differs, with both values.
+    """
+    now = json.loads(json.dumps({"model": model, "config": config, "warm_start": warm_start}))  # as the record stores it
+    changes = [f"model: {record.get('model')!r} then, {now['model']!r} now"] if record.get("model") != now["model"] else []
+    if record.get("warm_start") != now["warm_start"]:
+        changes.append(f"warm_start: {record.get('warm_start')} then, {now['warm_start']} now")
+    then_config = record.get("config", {})
+    for key in sorted(set(then_config) | set(now["config"])):
+        if key not in FREE_FIELDS and then_config.get(key) != now["config"].get(key):
+            changes.append(f"{key}: {then_config.get(key)!r} then, {now['config'].get(key)!r} now")
+    if changes:
+        raise ResumeError(f"cannot resume with another config ({'; '.join(changes)}); resume with the run's own, or --overwrite to start afresh")
 
 
 def restore(trainer: Any, checkpoint: str | Path) -> bool:
