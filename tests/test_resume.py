@@ -7,7 +7,8 @@ would leave the folder), resumed from it to ``n`` steps, and compared with the u
 Covered: GRPO with lockstep rollouts (the checkpoint inside a generation batch: TRL's buffered
 batch and micro-step counter), PPO (the value head and its optimizer group), REINFORCE++ (its
 frozen reference), a curriculum (stage and window) with continuous rollouts, async rollouts with
-``max_staleness: 0`` (the producer's position); and ``envhub train --resume`` end to end, its
+``max_staleness: 0`` (the producer's position: the same episodes, the weights within 1e-3, as
+close as two uninterrupted async runs come, see ``NOT_BITWISE``); and ``envhub train --resume`` end to end, its
 ``results.json`` figures included. Not covered: async rollouts with ``max_staleness`` > 0 (not
 exact: the batches the producer played ahead with older weights are lost, see
 :mod:`envhub_trl.run_state`), vLLM generators, several processes, GiGPO/RLOO (the same path as GRPO).
@@ -50,6 +51,23 @@ class KillAfterCheckpoint(TrainerCallback):
             raise Killed(f"killed after checkpoint-{self.step}")
 
 
+class SeededHalfExpert(HalfExpert):
+    """:class:`HalfExpert` for continuous and async rollouts, which hand the generator requests in
+    batches that the timing of env threads makes up: whether the expert answers a request depends
+    on the request's own seed (its env and turn), not on its place in a batch, and the model
+    samples each request from its own seed."""
+
+    def generate_each(self, prompts, samplings):
+        out = [None] * len(prompts)
+        model = [i for i, sampling in enumerate(samplings) if sampling.seed is None or sampling.seed % 2 == 0]
+        if model:
+            for i, completion in zip(model, self.hf.generate_each([prompts[i] for i in model], [samplings[i] for i in model])):
+                out[i] = completion
+        for i in sorted(set(range(len(prompts))) - set(model)):
+            out[i] = self.expert.generate([prompts[i]], samplings[i])[0]
+        return out
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from trl_helpers import save_tiny_lake_model
@@ -73,7 +91,7 @@ def _trainer(tiny, config, callbacks=()):
     path, tokenizer = tiny
     model = AutoModelForCausalLM.from_pretrained(path)
     # Half the episodes the expert's, so that returns differ within groups and every step moves the weights.
-    return EnvGRPOTrainer(model, config, processing_class=tokenizer, callbacks=list(callbacks), generator=HalfExpert(model, tokenizer))
+    return EnvGRPOTrainer(model, config, processing_class=tokenizer, callbacks=list(callbacks), generator=SeededHalfExpert(model, tokenizer))
 
 
 def _weights(trainer) -> dict[str, torch.Tensor]:
@@ -110,6 +128,11 @@ MODES = {
     # With no staleness allowed every batch is played with the current weights: the producer's position alone matters.
     "async-staleness-0": dict(advantage_estimator="grpo", rollout_mode="async", max_staleness=0, per_device_train_batch_size=4),
 }
+#: Modes whose uninterrupted runs do not repeat themselves bit for bit: the producer hands the HF
+#: generator requests in batches that thread timing makes up, so the log-probs the importance
+#: weights read carry float noise of the batch's padding (two uninterrupted async runs measured
+#: here differed by up to 1.4e-4 in a weight). Their episodes still match exactly.
+NOT_BITWISE = {"async-staleness-0": 1e-3}
 
 
 @pytest.mark.slow
@@ -126,13 +149,21 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
     if interrupted._async is not None:
         interrupted._async.close()  # a killed process's producer dies with it
     assert not (tmp_path / "cut" / f"checkpoint-{k + 1}").exists()
-    resumed = _trainer(tiny, _config(tmp_path / "cut", **MODES[mode]))
-    resumed.train(resume_from_checkpoint=True)
+    if mode == "ppo":  # the config's resume_from_checkpoint, as a run script sets it, is not ignored
+        resumed = _trainer(tiny, _config(tmp_path / "cut", resume_from_checkpoint=str(tmp_path / "cut" / f"checkpoint-{k}"), **MODES[mode]))
+        resumed.train()
+    else:
+        resumed = _trainer(tiny, _config(tmp_path / "cut", **MODES[mode]))
+        resumed.train(resume_from_checkpoint=True)
 
     assert resumed.state.global_step == whole.state.global_step == n
     assert _max_difference(whole.model.state_dict(), start) > 1e-3  # the steps moved the weights: the comparison can fail
-    assert _max_difference(_weights(resumed), _weights(whole)) <= 1e-6
-    assert _trained_log(resumed) == _trained_log(whole)
+    assert _max_difference(_weights(resumed), _weights(whole)) <= NOT_BITWISE.get(mode, 1e-6)
+    if mode in NOT_BITWISE:  # the same episodes: the same seeds, the same samples
+        episodes = lambda log: [{k: v for k, v in e.items() if k.startswith(("env/", "completions/", "num_tokens"))} for e in log]  # noqa: E731
+        assert episodes(_trained_log(resumed)) == episodes(_trained_log(whole))
+    else:
+        assert _trained_log(resumed) == _trained_log(whole)
     if mode == "reinforce++":
         assert _max_difference(
             {k_: v for k_, v in resumed._reference.state_dict().items()}, {k_: v for k_, v in whole._reference.state_dict().items()}
