@@ -55,3 +55,8 @@ class MissingDependency(EnvhubError, ImportError):
 
 class ModelNotFound(EnvhubError):
     """A model name (``--model``, ``--policy``) names no model that can be loaded here; the message says what to pass."""
+
+
+class ResumeError(EnvhubError, ValueError):
+    """A training run cannot resume as asked (no checkpoint, a checkpoint of another run), or would
+    overwrite an earlier run's checkpoints; the message says which flag or path to give."""

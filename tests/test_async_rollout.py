@@ -75,6 +75,34 @@ def test_async_rollouts_never_exceed_their_staleness_bound(bound):
     assert stale[bound:] == [bound] * (6 - bound)
 
 
+@pytest.mark.parametrize("bound", [0, 2])
+def test_a_resumed_producer_goes_on_from_its_position_within_its_bound(bound):
+    """A producer started at batch 5 (a run resumed there) plays 5, 6, ... (never 0 again: their
+    seeds were trained on), runs at most ``bound`` ahead of the posted weights, and counts the
+    weights it starts with as version 5."""
+    played = []
+
+    def play(batch):
+        played.append(batch)
+        return [batch], RolloutStats()
+
+    producer = AsyncRollouts(play, lambda snapshot: None, bound, first_batch=5)
+    try:
+        time.sleep(0.1)  # time to run ahead, if it would
+        assert played == list(range(5, 5 + bound + 1))
+        stale = []
+        for batch in range(5, 9):
+            producer.post_weights(batch, batch)
+            trajectories, _, version = producer.take(batch)
+            assert trajectories == [batch]
+            stale.append(batch - version)
+    finally:
+        producer.close()
+    assert played[:4] == [5, 6, 7, 8] and all(0 <= s <= bound for s in stale)
+    with pytest.raises(ValueError, match="first_batch"):
+        AsyncRollouts(play, lambda snapshot: None, bound, first_batch=-1)
+
+
 def test_a_failing_producer_fails_the_trainer_with_its_error():
     def play(batch):
         raise OSError("env server gone")

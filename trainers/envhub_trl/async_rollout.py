@@ -79,16 +79,27 @@ class AsyncRollouts:
         load_weights: ``load_weights(snapshot)``: gives the producer's generator a posted
             snapshot (called in the producer thread only, between batches).
         max_staleness: ``k``, the most versions a batch may lag the weights it is trained on.
+        first_batch: the first generation batch to play (a resumed run's position); the weights
+            the producer starts from are that batch's version.
     """
 
-    def __init__(self, play: Callable[[int], tuple[list[Trajectory], RolloutStats]], load_weights: Callable[[Any], None], max_staleness: int):
+    def __init__(
+        self,
+        play: Callable[[int], tuple[list[Trajectory], RolloutStats]],
+        load_weights: Callable[[Any], None],
+        max_staleness: int,
+        first_batch: int = 0,
+    ):
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        if first_batch < 0:
+            raise ValueError(f"first_batch must be >= 0, got {first_batch}")
         self.play = play
         self.load_weights = load_weights
         self.max_staleness = max_staleness
+        self.first_batch = first_batch
         self._cond = threading.Condition()
-        self._posted_version = 0  # the weights the producer starts from are version 0
+        self._posted_version = first_batch  # the weights the producer starts from
         self._snapshot: Any = None
         self._ready: dict[int, tuple[list[Trajectory], RolloutStats, int]] = {}
         self._error: BaseException | None = None
@@ -125,7 +136,7 @@ class AsyncRollouts:
         self._thread.join(timeout=600)
 
     def _run(self) -> None:
-        batch, loaded = 0, 0
+        batch, loaded = self.first_batch, self.first_batch
         try:
             while True:
                 with self._cond:

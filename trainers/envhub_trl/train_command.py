@@ -1,7 +1,11 @@
 """``envhub train``: GRPO/GiGPO on an environment, with held-out success before and after.
 
 The run leaves in ``--output-dir``: the trained model and tokenizer (``final/``), the learning
-curve (``learning_curve.png``), and ``results.json`` with every evaluation and the config.
+curve (``learning_curve.png``), and ``results.json`` with every evaluation and the config. With
+checkpoints (``save_strategy: steps``), ``--resume`` continues a run from its last
+``checkpoint-N`` (or a named one) to the figures the uninterrupted run would have given
+(:mod:`envhub_trl.run_state`); a new run into a folder that holds an earlier run's checkpoints is
+refused unless ``--resume`` or ``--overwrite`` says what to do with them.
 """
 
 from __future__ import annotations
@@ -125,10 +129,11 @@ def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
     return references, open_loop
 
 
-def _periodic_evaluation(trainer: Any) -> Any:
+def _periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any:
     """With ``eval_steps`` set, a callback (added to ``trainer``) that measures held-out greedy
     success every ``eval_steps`` optimizer steps, as ROLL's validation runs do, so that a run that
-    peaks and then collapses shows it; None without ``eval_steps``."""
+    peaks and then collapses shows it; None without ``eval_steps``. ``points`` are those a resumed
+    run measured before its checkpoint."""
     from transformers import TrainerCallback
 
     every = trainer.args.eval_steps
@@ -138,7 +143,7 @@ def _periodic_evaluation(trainer: Any) -> Any:
 
     class HeldOutEvaluation(TrainerCallback):
         def __init__(self) -> None:
-            self.points: list[dict[str, float]] = []
+            self.points: list[dict[str, Any]] = list(points)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step % every == 0 and state.global_step < state.max_steps:
@@ -170,11 +175,33 @@ def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
     ]
 
 
+def _resume_point(output_dir: str, resume: str | bool | None, from_config: str | None, overwrite: bool) -> Path | None:
+    """The checkpoint a run resumes from (None: a new run), from ``resume`` or the config's
+    ``resume_from_checkpoint`` (``from_config``: it means the same), with the output folder made
+    ready (:func:`envhub_trl.run_state.prepare_output_dir`).
+
+    Raises:
+        click.ClickException: for both asked differently, or a folder or checkpoint that refuses.
+    """
+    from envhub_trl import run_state
+
+    if from_config:
+        if resume not in (None, False) and (resume in (True, "last") or Path(str(resume)).resolve() != Path(from_config).resolve()):
+            raise click.ClickException(f"resume_from_checkpoint={from_config} and --resume {resume} ask for different checkpoints; give one")
+        resume = from_config
+    try:
+        return run_state.prepare_output_dir(output_dir, resume, overwrite)
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def run_training(
     values: dict[str, Any],
     model_name: str = "tiny",
     *,
     warm_start: Any = None,
+    resume: str | bool | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
 
@@ -184,9 +211,17 @@ def run_training(
     reference policies on the same seeds; progress goes to stderr. The learning benchmark calls
     this once per run.
 
+    ``resume`` (True: the output folder's last ``checkpoint-N``; or a checkpoint's path; the
+    config's ``resume_from_checkpoint`` means the same) continues an interrupted run: the same
+    model, config and warm start, the evaluations it made before its checkpoint kept, so that it
+    returns what the uninterrupted run would have. ``overwrite`` removes an earlier run's outputs
+    first; without either, an output folder with an earlier run's checkpoints is refused.
+
     Raises:
-        click.ClickException: for a bad configuration or an environment error, with the reason.
+        click.ClickException: for a bad configuration, an output folder or checkpoint that cannot
+            be used as asked, or an environment error, with the reason.
     """
+    from envhub_trl import run_state
     from envhub_trl.config import EnvGRPOConfig
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
@@ -197,28 +232,49 @@ def run_training(
     started = time.perf_counter()
     values = dict(values)
     values.setdefault("report_to", "none")
+    from_config = values.pop("resume_from_checkpoint", None)  # a config's way of saying --resume PATH
     try:
         args = EnvGRPOConfig(**values)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
+    config = {k: v for k, v in values.items() if k != "output_dir"}
+    # Only once the config is known good: --overwrite removes the earlier run.
+    checkpoint = _resume_point(args.output_dir, resume, from_config, overwrite)
+    record = None
+    if checkpoint is not None:
+        try:
+            record = run_state.read_record(checkpoint)
+            run_state.check_same_run(record, model_name, config, dataclasses.asdict(warm_start))
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from None
     entries = args.env_entries()
     try:
         model, tokenizer = load_model_and_tokenizer(
             model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries}
         )
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
-        evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
-        if warm_start.active:
-            click.echo(f"warm start: {warm_start.describe()}", err=True)
-            warm_start.run_on(
-                model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
-                reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
-            )
-            trainer.weights_changed()  # a vLLM generator still holds the initial weights
-            evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
-        before_rl = trainer.state.global_step
-        periodic = _periodic_evaluation(trainer)
-        trainer.train()
+        if record is None:
+            evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
+            if warm_start.active:
+                click.echo(f"warm start: {warm_start.describe()}", err=True)
+                warm_start.run_on(
+                    model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
+                    reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
+                )
+                trainer.weights_changed()  # a vLLM generator still holds the initial weights
+                evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
+            before_rl = trainer.state.global_step
+        else:
+            # The checkpoint's weights already hold the warm start; its evaluations are the record's.
+            click.echo(f"resuming from {checkpoint}: the evaluations before RL are those the run made", err=True)
+            evaluations, before_rl = record["evaluations"], record["before_rl"]
+        periodic = _periodic_evaluation(trainer, record["held_out_curve"] if record is not None else [])
+        # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
+        trainer.run_record = {
+            "model": model_name, "config": config, "warm_start": dataclasses.asdict(warm_start), "evaluations": dict(evaluations),
+            "before_rl": before_rl, "held_out_curve": periodic.points if periodic is not None else [],
+        }
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
         searched = {e.env_id: _references(trainer, e) for e in entries}
     except EnvhubError as exc:
@@ -276,7 +332,7 @@ def run_training(
             if "env/success_rate" in entry
         ],
         "seconds": time.perf_counter() - started,
-        "config": {k: v for k, v in values.items() if k != "output_dir"},
+        "config": config,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     # Drawn last: the figures are in results.json whatever happens to plotting.
@@ -347,16 +403,26 @@ def _sampling_text(args: Any) -> str:
 @click.option("--warm-start-dagger-rounds", default=None, type=click.IntRange(min=0),
               help="Rounds of on-policy expert relabelling (DAgger) after the warm start's steps: the model plays, the expert labels every state it visits (default 0).")
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
+@click.option("--resume", "resume", is_flag=False, flag_value="last", default=None, metavar="[CHECKPOINT]",
+              help="Continue the run in --output-dir from its last checkpoint-N (or from CHECKPOINT), with the same config.")
+@click.option("--overwrite", is_flag=True, help="Start afresh in an --output-dir that holds an earlier run (its checkpoints and results are removed).")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
-    warm_start_dagger_rounds, eval_episodes, overrides,
+    warm_start_dagger_rounds, eval_episodes, resume, overwrite, overrides,
 ):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
     KEY=VALUE arguments override the config file's fields, as Hydra's do (max_steps=200
-    learning_rate=1e-5 warm_start.steps=100), with the same type checks."""
+    learning_rate=1e-5 warm_start.steps=100), with the same type checks.
+
+    With checkpoints (save_strategy: steps), --resume continues an interrupted run to the figures
+    the uninterrupted one would have given; a new run into a folder that holds an earlier run's
+    checkpoints is refused unless --resume or --overwrite is given."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if resume not in (None, "last") and "=" in resume and not Path(resume).exists():
+        # `--resume max_steps=9`: a bare --resume followed by an override, not a checkpoint path.
+        overrides, resume = (resume, *overrides), "last"
     values = load_config_file(config_file, overrides)
     if env_id is not None:
         values["env_id"] = env_id
@@ -370,7 +436,7 @@ def train_command(
         "dagger_rounds": warm_start_dagger_rounds,
     }
     warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})
-    results = run_training(values, model_name, warm_start=warm_start)
+    results = run_training(values, model_name, warm_start=warm_start, resume=resume, overwrite=overwrite)
     per_env = results["per_env"]
     for env_id, figures in per_env.items():
         _print_env(env_id, figures, results)

@@ -61,6 +61,7 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
 from envhub_trl.metrics import rollout_metrics
 from envhub_trl.mix import EnvEntry, group_env_ids
+from envhub_trl import run_state
 from envhub_trl.rollout_batch import (
     check_has_turns,
     episode_return,
@@ -148,6 +149,7 @@ class EnvGRPOTrainer(GRPOTrainer):
             unwrapped = self.accelerator.unwrap_model(self.model)
             final_norm(unwrapped)  # an architecture without a known final norm fails here, not mid-run
             self.value_head = ValueHead(unwrapped.config.get_text_config().hidden_size).to(self.accelerator.device)
+            self.add_callback(_ZeroCriticGradients(self.value_head))
             if self.accelerator.num_processes > 1:
                 self.add_callback(_AverageCriticGradients(self.value_head))
 
@@ -394,7 +396,8 @@ class EnvGRPOTrainer(GRPOTrainer):
                 load(snapshot)
 
         self.add_callback(_StopAsync(self))
-        return AsyncRollouts(play, load_locked, self.args.max_staleness)
+        # A resumed run's producer goes on from the batch the checkpoint had reached (run_state).
+        return AsyncRollouts(play, load_locked, self.args.max_staleness, first_batch=self._async_batches)
 
     def _correct_for_lag(self, output: dict[str, Any], staleness: int, mode: str) -> None:
         """Truncated importance sampling for an async batch: each model token's advantage times
@@ -418,8 +421,9 @@ class EnvGRPOTrainer(GRPOTrainer):
             self._metrics[mode][name].append(value)
 
     def _restore_curriculum(self) -> None:
-        """On a resumed run, start the curriculum at the last stage its log recorded (its window
-        of recent success starts afresh)."""
+        """On a run resumed from a checkpoint without envhub's run state (:mod:`envhub_trl.run_state`
+        restores the stage and its window), start the curriculum at the last stage its log
+        recorded (its window of recent success starts afresh)."""
         if self.curriculum is None or self._curriculum_restored:
             return
         self._curriculum_restored = True
@@ -624,6 +628,28 @@ class EnvGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ checkpoints
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Train as ``transformers.Trainer`` does; ``resume_from_checkpoint`` (a ``checkpoint-N``
+        folder, or True for the last in ``output_dir``; by default ``args.resume_from_checkpoint``)
+        resumes the run exactly: the Trainer restores the weights, optimizer, schedule and RNG
+        states, :func:`envhub_trl.run_state.restore` the rest of what the run's future depends on.
+
+        Raises:
+            envhub.error.ResumeError: for a path that is not a checkpoint, or True with none to take.
+        """
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = self.args.resume_from_checkpoint
+        checkpoint = run_state.resolve_resume(self.args.output_dir, resume_from_checkpoint)
+        if checkpoint is not None:
+            run_state.restore(self, checkpoint)
+        return super().train(str(checkpoint) if checkpoint is not None else None, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """A Trainer checkpoint, with envhub's run state in it (:func:`envhub_trl.run_state.save`),
+        written first so that the Trainer's own state file, written last, marks a complete folder."""
+        run_state.save(self, Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
+        super()._save_checkpoint(model, trial)
+
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
         """Save as ``transformers.Trainer`` does (every checkpoint and ``save_model`` come here),
         plus ``envhub.json``: the prompt settings and env this model trains on, which ``envhub
@@ -694,6 +720,18 @@ class _StopAsync(TrainerCallback):
         if self.trainer._async is not None:
             self.trainer._async.close()
             self.trainer._async = None
+
+
+class _ZeroCriticGradients(TrainerCallback):
+    """Clear the value head's gradients after each optimizer step: the Trainer clears the model's
+    alone, and the head lives beside it, so its gradients would otherwise sum over every step so far
+    (and a resumed run, whose head starts with none, would train it differently)."""
+
+    def __init__(self, head: ValueHead):
+        self.head = head
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.head.zero_grad(set_to_none=True)
 
 
 class _AverageCriticGradients(TrainerCallback):
