@@ -817,6 +817,18 @@ def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp
 # ---------------------------------------------------------------------------------------- prompt settings
 
 
+def test_show_turns_reaches_the_manager_and_the_checkpoints_settings(tmp_path):
+    from envhub.prompts import PromptSettings, TrainedOn
+
+    config = _config(tmp_path, show_turns=False)
+    assert config.prompt_settings().show_turns is False and config.manager_kwargs()["show_turns"] is False
+    TrainedOn(prompt=config.prompt_settings(), env_id=LAKE).save(tmp_path)
+    assert TrainedOn.load(tmp_path).prompt.show_turns is False
+    # A checkpoint saved before the setting existed shows the count, as it was trained.
+    (tmp_path / "envhub.json").write_text(json.dumps({"prompt_settings": {"history_turns": 2}, "env": {"id": LAKE}}))
+    assert TrainedOn.load(tmp_path).prompt.show_turns is True and PromptSettings().show_turns is True
+
+
 def test_config_picks_the_cpu_and_fp32_when_it_says_nothing_of_the_device(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the defaults then pick it")
