@@ -218,6 +218,12 @@ class FrameSink:
         self.image = Image
         self.path = path
         self.frames: list[list[Any]] = []
+        # The folder is made now, so that a path that cannot be written fails before any episode is played.
+        folder = path if not suffix else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EnvhubError(f"--render {path}: cannot create the folder {folder} ({exc.strerror or exc}); pick a path you can write") from None
 
     def start_episode(self) -> None:
         self.frames.append([])
@@ -382,7 +388,10 @@ def run(
             episodes = i + 1
             break
     if sink is not None:
-        written = sink.write()
+        try:
+            written = sink.write()
+        except OSError as exc:
+            raise click.ClickException(f"--render {render_path}: cannot write {exc.filename or render_path} ({exc.strerror or exc})") from None
         click.echo(f"wrote {len(written)} picture file(s) to {render_path}", err=as_json)
     if not as_json and episodes > 1:
         successes = sum(r["success"] for r in results)

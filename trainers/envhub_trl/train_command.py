@@ -199,7 +199,8 @@ def run_training(
     values.setdefault("report_to", "none")
     try:
         args = EnvGRPOConfig(**values)
-    except (TypeError, ValueError) as exc:
+        args.check_envs()
+    except (TypeError, ValueError, EnvhubError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
     entries = args.env_entries()
     try:
