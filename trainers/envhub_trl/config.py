@@ -27,7 +27,9 @@ Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S).
 Evaluation:
-    ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``.
+    ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``;
+    ``eval_sampled`` (also the sampled policy, not only the greedy one); ``eval_max_invalid_streak``
+    (the model's episodes end after that many invalid replies in a row).
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     # Evaluation and seeds
     "eval_episodes": AT_LEAST_ONE,
     "eval_seed_offset": NON_NEGATIVE,
+    "eval_max_invalid_streak": AT_LEAST_ONE,
     "seed": NON_NEGATIVE,
 }
 
@@ -339,6 +342,21 @@ class EnvGRPOConfig(GRPOConfig):
     eval_seed_offset: int = field(
         default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
     )
+    eval_sampled: bool = field(
+        default=False,
+        metadata={
+            "help": "Also evaluate the policy sampled as in training (at temperature), beside the greedy one: a second "
+            "held-out pass of eval_episodes at every evaluation."
+        },
+    )
+    eval_max_invalid_streak: int | None = field(
+        default=3,
+        metadata={
+            "help": "Held-out evaluation ends a model's episode after this many invalid replies in a row (a failure, counted in "
+            "invalid_end_rate); an untrained model would otherwise play every turn to the limit at max_turn_tokens a reply. "
+            "None plays every episode to its turn limit. Reference policies always play to the limit."
+        },
+    )
 
     def prompt_settings(self) -> PromptSettings:
         """What the model sees in this run, as saved with every checkpoint (``envhub.json``)."""
@@ -367,6 +385,11 @@ class EnvGRPOConfig(GRPOConfig):
             "env_kwargs": dict(entry.env_kwargs),
             "layout": self.sample_layout,
         }
+
+    def eval_manager_kwargs_for(self, entry: EnvEntry, *, model: bool = True) -> dict[str, Any]:
+        """:meth:`manager_kwargs_for` for held-out evaluation: the model's episodes (``model``)
+        end after ``eval_max_invalid_streak`` invalid replies in a row; a reference policy's do not."""
+        return {**self.manager_kwargs_for(entry), "max_invalid_streak": self.eval_max_invalid_streak if model else None}
 
     def mix_manager_kwargs(self, entries: list[EnvEntry]) -> dict[str, Any]:
         """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a manager whose
