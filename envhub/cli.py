@@ -19,6 +19,7 @@ from envhub import plugins
 from envhub.checker import check_env
 from envhub.core import ToolEnv, shorten
 from envhub.error import EnvhubError
+from envhub.executors import DEFAULT_STEP_TIMEOUT
 from envhub.manager import EnvGroupManager
 from envhub.play import HumanGenerator, Player, StartError, Step, get_player, play
 from envhub.registration import make, registry, spec
@@ -442,7 +443,7 @@ def _check_listen_address(host: str, port: int) -> None:
               help="A keyword argument of the env (repeatable); VALUE is read as JSON where it parses.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
               help="Seconds a session may send nothing before it is closed and its slot freed.")
-@click.option("--step-timeout", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+@click.option("--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT, show_default=True,
               help="Seconds one reset or step may take before its session gets an error, is closed and its slot freed.")
 def serve(
     env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any],

@@ -224,14 +224,11 @@ class _Session:
     """One WebSocket client's environment and the protocol around it (OpenEnv's messages:
     ``reset``, ``step``, ``state``, ``close``)."""
 
-    def __init__(self, websocket: WebSocket, factory: Callable[[], EnvhubEnvironment], step_timeout: float, name: str):
+    def __init__(self, websocket: WebSocket, step_timeout: float, name: str):
         self.websocket = websocket
-        self.factory = factory
         self.step_timeout = step_timeout
-        self.name = name
         self.thread = _SessionThread(f"envhub-serve-{name}")
         self.env: EnvhubEnvironment | None = None
-        self.stuck = False
         self.steps = 0
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -243,7 +240,6 @@ class _Session:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(self.thread.submit(fn, *args)), self.step_timeout)
         except asyncio.TimeoutError:
-            self.stuck = True
             raise _StepTimeout(
                 f"the environment took longer than the server's step timeout ({self.step_timeout:g} s); "
                 "this session is closed: connect again for a new one"
@@ -293,7 +289,7 @@ class _Session:
                 await self.send(WSStateResponse(data=self.env.state.model_dump()))
         except ValidationError as exc:
             await self.error("Invalid message", "VALIDATION_ERROR", errors=json.loads(exc.json()))
-        except _StepTimeout:
+        except (_StepTimeout, WebSocketDisconnect):  # the session ends: the endpoint says why
             raise
         except Exception as exc:  # the env's own error: the client sees it, the session goes on
             await self.error(str(exc), "EXECUTION_ERROR")
@@ -340,7 +336,7 @@ def _session_routes(
             await websocket.close()
             return
         open_sessions.add(name)
-        session = _Session(websocket, factory, step_timeout, name)
+        session = _Session(websocket, step_timeout, name)
         why = "closed"
         try:
             session.env = await session.call(factory)

@@ -122,7 +122,9 @@ def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
     references = reference_policies(
         entry.env_id, seeds, max_turns=settings["max_turns"], env_kwargs=settings["env_kwargs"], seed=args.seed,
         tokenizer=trainer.processing_class, open_loop=open_loop,
-        play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}")["success_rate"],
+        play=lambda generator: trainer.evaluate_env(
+            seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}"
+        )["success_rate"],
     )
     return references, open_loop
 
