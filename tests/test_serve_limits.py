@@ -158,3 +158,42 @@ def test_serve_says_the_host_is_not_valid():
 def test_serve_refuses_a_timeout_that_is_not_positive(option):
     result = CliRunner().invoke(cli, ["serve", "frozenlake/FrozenLake-v0", option, "0"])
     assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+
+
+def test_envhub_serve_logs_a_vanished_client_in_one_line(tmp_path):
+    """The command itself (its log set-up, uvicorn's own handling) over a real socket: a client
+    killed mid-session is one line on stderr, not an ASGI traceback."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envhub", "serve", "frozenlake/FrozenLake-v0", "--port", str(port), "--idle-timeout", "30"],
+            stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with connect(f"127.0.0.1:{port}") as ws:
+            assert ask(ws, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
+            ws.socket.shutdown(socket.SHUT_RDWR)
+            ws.socket.close()
+        deadline = time.monotonic() + PATIENCE_S
+        while "client went away" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    lines = log_path.read_text().splitlines()
+    assert len([line for line in lines if "client went away" in line]) == 1
+    assert not [line for line in lines if "Traceback" in line or "Exception in ASGI" in line], lines
