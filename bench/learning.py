@@ -91,6 +91,9 @@ def is_done(out: Path, spec: dict[str, Any]) -> bool:
         return False
     done = json.loads(path.read_text())
     config = {k: v for k, v in spec["values"].items() if k != "output_dir"}
+    # Results written before eval_sampled and eval_max_invalid_streak existed evaluated the sampled
+    # policy too and played every held-out episode to its limit: what the configs now state.
+    done["config"] = {"eval_sampled": True, "eval_max_invalid_streak": None, **done["config"]}
     # Results written before results.json had "warm_start" had only the step count to set, and
     # those written before a WarmStart field existed ran with its default (read back through from_mapping).
     recorded = done.get("warm_start") or {"steps": done["warm_start_steps"], "learning_rate": 1e-3}

@@ -19,6 +19,7 @@ from envhub import plugins
 from envhub.checker import check_env
 from envhub.core import ToolEnv, shorten
 from envhub.error import EnvhubError
+from envhub.executors import DEFAULT_STEP_TIMEOUT
 from envhub.manager import EnvGroupManager
 from envhub.play import HumanGenerator, Player, StartError, Step, get_player, play
 from envhub.registration import make, registry, spec
@@ -218,6 +219,12 @@ class FrameSink:
         self.image = Image
         self.path = path
         self.frames: list[list[Any]] = []
+        # The folder is made now, so that a path that cannot be written fails before any episode is played.
+        folder = path if not suffix else path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EnvhubError(f"--render {path}: cannot create the folder {folder} ({exc.strerror or exc}); pick a path you can write") from None
 
     def start_episode(self) -> None:
         self.frames.append([])
@@ -382,7 +389,10 @@ def run(
             episodes = i + 1
             break
     if sink is not None:
-        written = sink.write()
+        try:
+            written = sink.write()
+        except OSError as exc:
+            raise click.ClickException(f"--render {render_path}: cannot write {exc.filename or render_path} ({exc.strerror or exc})") from None
         click.echo(f"wrote {len(written)} picture file(s) to {render_path}", err=as_json)
     if not as_json and episodes > 1:
         successes = sum(r["success"] for r in results)
@@ -393,15 +403,31 @@ def run(
 # ---------------------------------------------------------------------- serve
 
 
-def _port_in_use(host: str, port: int) -> bool:
+def _check_listen_address(host: str, port: int) -> None:
+    """Refuse, in one line, a ``--host`` that is not an address (``999.1.1.1``), one this machine
+    does not have, or a port that is taken.
+
+    Raises:
+        click.ClickException: naming which of them is wrong.
+    """
+    import errno
+    import ipaddress
     import socket
 
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+    looks_numeric = all(c.isdigit() or c == "." for c in host)
+    try:
+        if looks_numeric:
+            ipaddress.ip_address(host)  # 999.1.1.1 must not be looked up as a name
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (ValueError, socket.gaierror, UnicodeError):
+        raise click.ClickException(f"--host {host} is not a valid address or a name known here; use e.g. 127.0.0.1 or 0.0.0.0") from None
+    with socket.socket(family, kind, proto) as probe:
         try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(f"port {port} on {host} is in use; pick another with --port") from None
+            raise click.ClickException(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick an address of this machine with --host") from None
 
 
 @cli.command("serve")
@@ -415,10 +441,18 @@ def _port_in_use(host: str, port: int) -> bool:
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Override the registered turn limit.")
 @click.option("--env-kwarg", "env_kwargs", multiple=True, metavar="KEY=VALUE", callback=_env_kwargs,
               help="A keyword argument of the env (repeatable); VALUE is read as JSON where it parses.")
-def serve(env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any]) -> None:
+@click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds a session may send nothing before it is closed and its slot freed.")
+@click.option("--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT, show_default=True,
+              help="Seconds one reset or step may take before its session gets an error, is closed and its slot freed.")
+def serve(
+    env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any],
+    idle_timeout: float, step_timeout: float,
+) -> None:
     """Serve ENV_ID over OpenEnv's HTTP/WebSocket protocol, one environment per client session.
 
-    Any OpenEnv client works against it; the action is {"text": reply}.
+    Any OpenEnv client works against it; the action is {"text": reply}. Episodes are played over
+    the WebSocket route /ws; POST /step answers 400, naming it.
     """
     spec(env_id)  # an unknown id fails here, with suggestions, before anything is imported
     try:
@@ -427,14 +461,25 @@ def serve(env_id: str, host: str, port: int, max_sessions: int, action_format: s
         raise click.ClickException(str(exc)) from exc
     try:
         app = create_app(env_id, max_turns=max_turns, action_format=None if action_format == "none" else action_format,
-                         env_kwargs=env_kwargs, max_sessions=max_sessions)
+                         env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs) or '(none)'}: {exc}") from exc
-    if _port_in_use(host, port):
-        raise click.ClickException(f"port {port} on {host} is in use; pick another with --port")
+    _check_listen_address(host, port)
+    import logging
+
     import uvicorn
 
-    click.echo(f"serving {env_id} on http://{host}:{port} (OpenEnv protocol, up to {max_sessions} sessions)", err=True)
+    # One line per session that ends (a client gone, a silent or stuck session closed), on stderr.
+    session_log = logging.getLogger("envhub.serve")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    session_log.addHandler(handler)
+    session_log.setLevel(logging.INFO)
+    click.echo(
+        f"serving {env_id} on http://{host}:{port} (OpenEnv protocol, up to {max_sessions} sessions; "
+        f"idle timeout {idle_timeout:g} s, step timeout {step_timeout:g} s)",
+        err=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

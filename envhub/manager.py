@@ -8,7 +8,9 @@ executor, and records a :class:`~envhub.rollout.Trajectory` per environment.
 
 Episodes end when the environment terminates or truncates (its turn limit is ``max_turns``), when
 the environment raises (recorded with the error), or when the next prompt would not fit
-``max_prompt_tokens`` (recorded as truncated, end reason ``"context"``).
+``max_prompt_tokens`` (recorded as truncated, end reason ``"context"``), or, with
+``max_invalid_streak``, after that many invalid replies in a row (truncated, end reason
+``"invalid"``: a model that cannot yet reply in format would otherwise play every turn to the limit).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class _Slot:
     """One environment's live state in the manager."""
 
     __slots__ = ("trajectory", "observation", "valid_actions", "expert_action", "state_key",
-                 "max_turns", "renderer", "context", "next_input", "active", "tools", "fmt")
+                 "max_turns", "renderer", "context", "next_input", "active", "tools", "fmt", "invalid_streak")
 
     def __init__(self, trajectory: Trajectory):
         self.trajectory = trajectory
@@ -58,6 +60,8 @@ class _Slot:
         #: A tool env's tool schemas, else None.
         self.tools: list[dict[str, Any]] | None = None
         self.fmt: Any = None
+        #: Invalid replies in a row, up to the last one.
+        self.invalid_streak = 0
 
 
 class EnvGroupManager:
@@ -98,6 +102,8 @@ class EnvGroupManager:
         per_env: with a mix, settings an env id sets for itself, overriding the arguments above:
             ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
             FrozenLake and Sokoban needs two sets of short instructions and turn limits).
+        max_invalid_streak: end an episode (truncated, end reason ``"invalid"``) after this many
+            invalid replies in a row; None plays on to the turn limit.
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class EnvGroupManager:
         show_turns: bool = True,
         executor: Any | None = None,
         per_env: Mapping[str, Mapping[str, Any]] | None = None,
+        max_invalid_streak: int | None = None,
     ):
         if isinstance(env_id, str):
             if num_groups is None:
@@ -144,6 +151,9 @@ class EnvGroupManager:
             raise ValueError(f"history_turns must be >= 0, got {history_turns}")
         if max_prompt_tokens is not None and tokenizer is None:
             raise ValueError("max_prompt_tokens counts tokens: give the manager a tokenizer too")
+        if max_invalid_streak is not None and max_invalid_streak < 1:
+            raise ValueError(f"max_invalid_streak must be at least 1 (or None), got {max_invalid_streak}")
+        self.max_invalid_streak = max_invalid_streak
         self.specs = {i: spec(i) for i in partition}  # an unknown id fails here, with suggestions
         #: The env id of each group.
         self.group_env_ids: list[str] = [i for i, count in partition.items() for _ in range(count)]
@@ -408,6 +418,10 @@ class EnvGroupManager:
         if state.terminated or state.truncated:
             self._end(slot, "terminated" if state.terminated else "truncated")
             return
+        slot.invalid_streak = 0 if valid else slot.invalid_streak + 1
+        if self.max_invalid_streak is not None and slot.invalid_streak >= self.max_invalid_streak:
+            self._end(slot, "invalid")
+            return
         # _observe, inlined: this runs once per env per turn
         slot.observation = state.observation
         slot.valid_actions = state.valid_actions
@@ -448,4 +462,4 @@ class EnvGroupManager:
         trajectory.end_reason = reason
         trajectory.error = error
         trajectory.terminated = reason == "terminated"
-        trajectory.truncated = reason in ("truncated", "context")
+        trajectory.truncated = reason in ("truncated", "context", "invalid")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import numbers
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,21 @@ def parse_env_id(env_id: str) -> tuple[str, str, int]:
             f"{env_id!r} is not an envhub id; ids look like 'namespace/Name-vN', e.g. 'frozenlake/FrozenLake-v0'"
         )
     return match["namespace"], match["name"], int(match["version"])
+
+
+def check_max_turns(max_turns: Any, what: str = "max_turns") -> None:
+    """Refuse a turn limit that is not a positive integer (None: no override).
+
+    An env with ``max_turns=0`` would truncate at once, and ``"x"`` would fail only at the first
+    ``step``; both are refused where they are given.
+
+    Raises:
+        ValueError: naming ``what`` and the value.
+    """
+    if max_turns is None:
+        return
+    if isinstance(max_turns, bool) or not isinstance(max_turns, numbers.Integral) or max_turns < 1:
+        raise ValueError(f"{what} must be a positive integer (or None for the registered limit), got {max_turns!r}")
 
 
 @dataclasses.dataclass
@@ -62,8 +78,7 @@ class EnvSpec:
         parse_env_id(self.id)
         if isinstance(self.entry_point, str) and ":" not in self.entry_point:
             raise EntryPointError(f"entry point {self.entry_point!r} of {self.id} must look like 'module:Class'")
-        if self.max_turns is not None and self.max_turns < 1:
-            raise ValueError(f"max_turns of {self.id} must be a positive integer or None, got {self.max_turns}")
+        check_max_turns(self.max_turns, f"max_turns of {self.id}")
 
     @property
     def namespace(self) -> str:
@@ -98,7 +113,12 @@ class EnvSpec:
         return obj
 
     def make(self, *, max_turns: int | None = None, **kwargs: Any) -> TextEnv:
-        """Build the environment with the spec's kwargs updated by ``kwargs``."""
+        """Build the environment with the spec's kwargs updated by ``kwargs``.
+
+        Raises:
+            ValueError: when ``max_turns`` is not a positive integer (checked before the env is built).
+        """
+        check_max_turns(max_turns, f"max_turns for {self.id}")
         env = self.load()(**{**self.kwargs, **kwargs})
         if not isinstance(env, TextEnv):
             raise EntryPointError(f"{self.entry_point_str} made a {type(env).__name__}, not an envhub TextEnv")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 #: Why an episode ended.
-END_REASONS = ("terminated", "truncated", "context", "error")
+END_REASONS = ("terminated", "truncated", "context", "invalid", "error")
 
 
 @dataclasses.dataclass(slots=True)
@@ -299,8 +299,10 @@ def batch_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         ``success_rate``, ``mean_return``, ``invalid_action_rate`` (invalid replies over all
         replies), ``mean_turns``, ``reward_std_per_group`` (the mean over groups of the standard
         deviation of returns within a group; near 0 means GRPO has little signal),
-        ``zero_std_group_fraction``, ``truncated_rate``, ``error_rate`` and
-        ``mean_completion_tokens`` (tokens per reply, 0 without a tokenizer).
+        ``zero_std_group_fraction``, ``truncated_rate``, ``error_rate``,
+        ``mean_completion_tokens`` (tokens per reply, 0 without a tokenizer) and
+        ``invalid_end_rate`` (episodes ended after too many invalid replies in a row, see
+        ``EnvGroupManager``'s ``max_invalid_streak``; they count as truncated too).
 
     Raises:
         ValueError: on an empty batch.
@@ -325,4 +327,5 @@ def batch_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "truncated_rate": float(np.mean([t.truncated for t in trajectories])),
         "error_rate": float(np.mean([t.error is not None for t in trajectories])),
         "mean_completion_tokens": tokens / turns if turns else 0.0,
+        "invalid_end_rate": float(np.mean([t.end_reason == "invalid" for t in trajectories])),
     }

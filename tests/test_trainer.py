@@ -630,7 +630,7 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
         "max_turns: 8\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
-        "max_turn_tokens: 6\neval_episodes: 64\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+        "max_turn_tokens: 6\neval_episodes: 64\neval_sampled: true\nuse_cpu: true\nsave_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
         "instructions: Move P to G.\nwarm_start: {steps: 500, episodes: 4, epsilon: 0.5, learning_rate: '1e-3'}\n"
     )
     out = tmp_path / "out"

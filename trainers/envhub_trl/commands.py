@@ -21,9 +21,9 @@ from envhub_trl.evaluation import finished_counter, progress_bar
 @click.option("--model", "model_path", required=True, help="tiny, smollm2-135m, a Hugging Face model folder or a hub id.")
 @click.option("--episodes", default=32, show_default=True, type=click.IntRange(min=1), help="Episodes to play, one seed each.")
 @click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True, help="Sample with transformers or vLLM.")
-@click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Base seed of the episodes' seeds.")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the trained one, else the env's).")
-@click.option("--temperature", default=0.0, show_default=True, help="Sampling temperature; 0 is greedy.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="Sampling temperature; 0 is greedy.")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1), help="Longest reply in tokens (default: the trained one, else 64).")
 @click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
               help="Context budget; longer episodes end truncated (default: the trained one, else 2048).")
@@ -142,7 +142,7 @@ def _references(env_id: str, episodes: int, seed: int, max_turns: int | None, en
 @click.argument("env_id")
 @click.option("--episodes", default=256, show_default=True, type=click.IntRange(min=1), help="Expert episodes to play.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder for the dataset (datasets.save_to_disk).")
-@click.option("--seed", default=0, show_default=True, help="Base seed of the episodes' seeds.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Base seed of the episodes' seeds.")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the env's).")
 @click.option("--successful-only", is_flag=True, help="Keep only the episodes the expert won.")
 def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_turns: int | None, successful_only: bool) -> None:
@@ -151,6 +151,10 @@ def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_
 
     if Path(out_dir).exists() and any(Path(out_dir).iterdir()):
         raise click.ClickException(f"{out_dir} exists and is not empty; choose a new folder")
+    try:  # made now, so that a folder that cannot be created fails before any episode is played
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc}); pick a folder you can write") from None
     try:
         manager = EnvGroupManager(env_id, episodes, 1, seed=seed, max_turns=max_turns)
         with progress_bar("episodes", episodes) as bar:
@@ -169,6 +173,9 @@ def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_
     ]
     if not rows:
         raise click.ClickException("the expert won no episode; drop --successful-only or play more episodes")
-    Dataset.from_list(rows).save_to_disk(out_dir)
+    try:
+        Dataset.from_list(rows).save_to_disk(out_dir)
+    except OSError as exc:
+        raise click.ClickException(f"--out {out_dir}: cannot write the dataset ({exc.strerror or exc})") from None
     wins = sum(row["success"] for row in rows)
     click.echo(f"wrote {len(rows)} episodes ({wins} successful) to {out_dir}")

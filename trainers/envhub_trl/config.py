@@ -27,11 +27,14 @@ Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S).
 Evaluation:
-    ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``.
+    ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``;
+    ``eval_sampled`` (also the sampled policy, not only the greedy one); ``eval_max_invalid_streak``
+    (the model's episodes end after that many invalid replies in a row).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,6 +53,137 @@ ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
 RATIO_TYPES = ("token", "segment")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric config field accepts: finite numbers from ``low`` to ``high`` (each
+    bound inclusive unless open; None: unbounded), or one of ``also``; None where the field allows it.
+
+    Attributes:
+        low: the smallest value (None: no lower bound).
+        high: the largest value (None: no upper bound).
+        low_open: ``low`` itself is refused.
+        high_open: ``high`` itself is refused.
+        also: values outside the range that mean something (``max_steps=-1``: train by epochs).
+        meaning: what the values of ``also`` mean, for the message.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    also: tuple[float, ...] = ()
+    meaning: str = ""
+
+    def admits(self, value: float) -> bool:
+        """Whether ``value`` is in bounds."""
+        if value in self.also:
+            return True
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or (value < self.high or (not self.high_open and value == self.high))
+
+    def describe(self) -> str:
+        """The bounds in words: ``> 0``, ``in [0, 1]``, ``>= 1, or -1 (...)``."""
+        if self.low is not None and self.high is not None:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        elif self.high is not None:
+            text = f"{'<' if self.high_open else '<='} {self.high:g}"
+        else:
+            text = "a finite number"
+        if self.also:
+            text += f", or {' or '.join(f'{v:g}' for v in self.also)} ({self.meaning})"
+        return text
+
+
+AT_LEAST_ONE = Bounds(low=1)
+NON_NEGATIVE = Bounds(low=0)
+POSITIVE = Bounds(low=0, low_open=True)
+UNIT = Bounds(low=0, high=1)
+
+#: Every numeric field of :class:`EnvGRPOConfig`, its own and the TRL/transformers fields a run
+#: reads, with the values it accepts: checked once, in ``__post_init__``, before anything loads.
+#: A value out of range would otherwise fail late (``group_size: 0`` divides by zero inside TRL,
+#: ``temperature: -1`` only once the first evaluation samples) or silently mean something else
+#: (``max_steps: -3`` trains by epochs).
+FIELD_BOUNDS: dict[str, Bounds] = {
+    # Environment
+    "max_turns": AT_LEAST_ONE,
+    "format_penalty": Bounds(),
+    "max_prompt_tokens": AT_LEAST_ONE,
+    "num_train_seeds": AT_LEAST_ONE,
+    # Batches (group_size is num_generations after the alias is resolved; GRPO compares members of a group)
+    "groups_per_step": AT_LEAST_ONE,
+    "group_size": Bounds(low=2),
+    "history_turns": NON_NEGATIVE,
+    "per_device_train_batch_size": AT_LEAST_ONE,
+    "gradient_accumulation_steps": AT_LEAST_ONE,
+    "generation_batch_size": AT_LEAST_ONE,
+    "steps_per_generation": AT_LEAST_ONE,
+    # Generation
+    "max_turn_tokens": AT_LEAST_ONE,
+    "max_completion_length": AT_LEAST_ONE,
+    "temperature": POSITIVE,
+    "top_p": Bounds(low=0, high=1, low_open=True),
+    "top_k": NON_NEGATIVE,
+    "min_p": UNIT,
+    "repetition_penalty": POSITIVE,
+    # Rollouts
+    "max_staleness": NON_NEGATIVE,
+    "importance_sampling_cap": Bounds(low=1),
+    "env_workers": AT_LEAST_ONE,
+    "env_step_timeout": POSITIVE,
+    # Advantages and losses
+    "episode_reward_weight": NON_NEGATIVE,
+    "step_reward_weight": NON_NEGATIVE,
+    "step_reward_gamma": UNIT,
+    "kl_coef": NON_NEGATIVE,
+    "gamma": UNIT,
+    "lam": UNIT,
+    "vf_coef": NON_NEGATIVE,
+    "cliprange_value": POSITIVE,
+    "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
+    "beta": NON_NEGATIVE,
+    "epsilon": NON_NEGATIVE,
+    "epsilon_high": NON_NEGATIVE,
+    "num_iterations": AT_LEAST_ONE,
+    # Optimisation and schedule
+    "learning_rate": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "max_grad_norm": NON_NEGATIVE,
+    "warmup_steps": NON_NEGATIVE,
+    "num_train_epochs": POSITIVE,
+    "max_steps": Bounds(low=1, also=(-1,), meaning="train for num_train_epochs instead"),
+    "logging_steps": POSITIVE,
+    "save_steps": POSITIVE,
+    "eval_steps": POSITIVE,
+    # Evaluation and seeds
+    "eval_episodes": AT_LEAST_ONE,
+    "eval_seed_offset": NON_NEGATIVE,
+    "eval_max_invalid_streak": AT_LEAST_ONE,
+    "seed": NON_NEGATIVE,
+}
+
+
+def check_bounds(values: Any, bounds: dict[str, Bounds] = FIELD_BOUNDS) -> None:
+    """Refuse the first field of ``values`` (an object with those attributes) out of its bounds.
+
+    None passes (where a field allows None, it means "unset"); a bool is not a number here.
+
+    Raises:
+        ValueError: naming the field, its bounds and the value.
+    """
+    for name, allowed in bounds.items():
+        value = getattr(values, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed.admits(value):
+            raise ValueError(f"{name} must be {allowed.describe()}, got {value!r}")
 
 
 @dataclass
@@ -215,6 +349,21 @@ class EnvGRPOConfig(GRPOConfig):
     eval_seed_offset: int = field(
         default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
     )
+    eval_sampled: bool = field(
+        default=False,
+        metadata={
+            "help": "Also evaluate the policy sampled as in training (at temperature), beside the greedy one: a second "
+            "held-out pass of eval_episodes at every evaluation."
+        },
+    )
+    eval_max_invalid_streak: int | None = field(
+        default=3,
+        metadata={
+            "help": "Held-out evaluation ends a model's episode after this many invalid replies in a row (a failure, counted in "
+            "invalid_end_rate); an untrained model would otherwise play every turn to the limit at max_turn_tokens a reply. "
+            "None plays every episode to its turn limit. Reference policies always play to the limit."
+        },
+    )
 
     def prompt_settings(self) -> PromptSettings:
         """What the model sees in this run, as saved with every checkpoint (``envhub.json``)."""
@@ -244,6 +393,11 @@ class EnvGRPOConfig(GRPOConfig):
             "env_kwargs": dict(entry.env_kwargs),
             "layout": self.sample_layout,
         }
+
+    def eval_manager_kwargs_for(self, entry: EnvEntry, *, model: bool = True) -> dict[str, Any]:
+        """:meth:`manager_kwargs_for` for held-out evaluation: the model's episodes (``model``)
+        end after ``eval_max_invalid_streak`` invalid replies in a row; a reference policy's do not."""
+        return {**self.manager_kwargs_for(entry), "max_invalid_streak": self.eval_max_invalid_streak if model else None}
 
     def mix_manager_kwargs(self, entries: list[EnvEntry]) -> dict[str, Any]:
         """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a manager whose
@@ -293,6 +447,24 @@ class EnvGRPOConfig(GRPOConfig):
         (``env_id``'s; :meth:`manager_kwargs_for` gives any env of a mix)."""
         return self.manager_kwargs_for(self._entries[0])
 
+    def check_envs(self) -> None:
+        """Make (and close) each env of the run with its ``env_kwargs`` and turn limit, so that a
+        setting the env refuses stops the run before a model loads, naming the setting; otherwise
+        every episode would fail on its own and the first evaluation would report 0%.
+
+        Raises:
+            ValueError: naming the env, its ``env_kwargs`` and the env's own reason.
+        """
+        from envhub.registration import make
+
+        for entry in self._entries:
+            settings = self.manager_kwargs_for(entry)
+            try:
+                make(entry.env_id, max_turns=settings["max_turns"], **settings["env_kwargs"]).close()
+            except (TypeError, ValueError) as exc:
+                given = ", ".join(f"{key}={value!r}" for key, value in settings["env_kwargs"].items()) or "none"
+                raise ValueError(f"{entry.env_id} refuses its env_kwargs ({given}): {exc}") from exc
+
     def _pick_device_defaults(self) -> None:
         """CPU or accelerator, and bf16 or fp32, from the machine when the config leaves them unset.
 
@@ -338,10 +510,9 @@ class EnvGRPOConfig(GRPOConfig):
                     raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
                 setattr(self, name, value)
             setattr(self, alias, getattr(self, name))
+        check_bounds(self)  # before any value is used: one rule per field, in FIELD_BOUNDS
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.max_staleness < 0 or self.importance_sampling_cap < 1.0:
-            raise ValueError(f"max_staleness must be >= 0 and importance_sampling_cap >= 1; got {self.max_staleness}, {self.importance_sampling_cap}")
         if self.rollout_mode == "async" and (self.generator == "vllm-server" or self.curriculum is not None):
             raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
         if self.ratio_type not in RATIO_TYPES:
@@ -349,11 +520,6 @@ class EnvGRPOConfig(GRPOConfig):
         if self.ratio_type == "segment" and (self.importance_sampling_level != "token" or self.use_liger_kernel):
             raise ValueError(
                 "ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off"
-            )
-        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0) or self.cliprange_value <= 0.0 or self.vf_coef < 0.0:
-            raise ValueError(
-                f"PPO needs gamma and lam in [0, 1], cliprange_value > 0 and vf_coef >= 0; got gamma={self.gamma}, lam={self.lam}, "
-                f"cliprange_value={self.cliprange_value}, vf_coef={self.vf_coef}"
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
@@ -366,19 +532,11 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
         if self.sample_layout not in LAYOUTS:
             raise ValueError(f"sample_layout must be one of {LAYOUTS}, got {self.sample_layout!r}")
-        if self.history_turns < 0:
-            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
         if (self.generator == "vllm-server") != (self.vllm_server_url is not None):
             raise ValueError(
                 "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
                 f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"
             )
-        if not 0.0 <= self.step_reward_gamma <= 1.0:
-            raise ValueError(f"step_reward_gamma must be in [0, 1], got {self.step_reward_gamma}")
-        if not 0.0 < self.keep_group_fraction <= 1.0:
-            raise ValueError(f"keep_group_fraction must be in (0, 1], got {self.keep_group_fraction}")
-        if self.num_train_seeds < 1 or self.eval_episodes < 1 or self.max_turn_tokens < 1:
-            raise ValueError("num_train_seeds, eval_episodes and max_turn_tokens must be at least 1")
         if self.eval_seed_offset < self.num_train_seeds:
             raise ValueError(
                 f"eval_seed_offset ({self.eval_seed_offset}) overlaps the training seeds 0..{self.num_train_seeds - 1}; "
@@ -387,8 +545,6 @@ class EnvGRPOConfig(GRPOConfig):
         if self.use_vllm:
             raise ValueError("use_vllm is TRL's own single-turn generator; set generator='vllm' for multi-turn rollouts instead")
         if self.groups_per_step is not None:
-            if self.groups_per_step < 1:
-                raise ValueError(f"groups_per_step must be at least 1, got {self.groups_per_step}")
             if self.generation_batch_size is not None or self.steps_per_generation is not None:
                 raise ValueError("set groups_per_step or generation_batch_size/steps_per_generation, not both")
             batch = self.groups_per_step * self.num_generations

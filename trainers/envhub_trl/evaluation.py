@@ -4,18 +4,61 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import IO, Any
 
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import batch_metrics, rollout
 
 
+#: Seconds between two progress lines where stderr is a file or a pipe.
+PROGRESS_EVERY_S = 10.0
+
+
+class LineProgress:
+    """Progress over ``total`` episodes as whole lines (episodes done, seconds elapsed), for a
+    stream that is a file or a pipe: click's bar shows only its label there, so a long evaluation
+    in a log looked stuck. A line at the start, at most one every ``every_s`` seconds, and one at
+    the end.
+
+    The same ``update``/context-manager interface as a click progress bar.
+    """
+
+    def __init__(self, label: str, total: int, file: IO[str], every_s: float = PROGRESS_EVERY_S):
+        self.label, self.total, self.file, self.every_s = label, total, file, every_s
+        self.done = 0
+        self.started = self.shown = time.monotonic()
+
+    def _line(self) -> None:
+        print(f"{self.label}: {self.done}/{self.total} episodes, {time.monotonic() - self.started:.0f} s", file=self.file, flush=True)
+        self.shown = time.monotonic()
+
+    def __enter__(self) -> LineProgress:
+        self.started = time.monotonic()
+        self._line()
+        return self
+
+    def update(self, n: int) -> None:
+        """Count ``n`` more finished episodes (0: none finished this turn); write a line if
+        ``every_s`` has passed since the last, so that a slow batch still shows it is alive."""
+        self.done += n
+        if self.done < self.total and time.monotonic() - self.shown >= self.every_s:
+            self._line()
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if exc_info[0] is None:
+            self._line()
+
+
 def progress_bar(label: str, total: int) -> Any:
-    """A click progress bar over ``total`` episodes, on stderr (stdout may carry a table or JSON)."""
+    """Progress over ``total`` episodes on stderr (stdout may carry a table or JSON): click's bar
+    on a terminal, :class:`LineProgress` lines on a file or a pipe."""
     import click
 
+    if not sys.stderr.isatty():
+        return LineProgress(label, total, sys.stderr)
     return click.progressbar(length=total, label=label, file=sys.stderr)
 
 

@@ -71,19 +71,20 @@ def split_warm_start(values: dict[str, Any], source: str | None = None, override
 
 
 def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, dict[str, float]]]:
-    """Per env of the run, held-out metrics of the greedy policy and of the policy sampled as in
-    training (echoed to stderr)."""
+    """Per env of the run, held-out metrics of the greedy policy and, with ``eval_sampled``, of the
+    policy sampled as in training (echoed to stderr, with the episodes cut for invalid replies)."""
     out = {}
     for entry in trainer.args.env_entries():
         name = f"{stage}, {entry.env_id}" if len(trainer.args.env_entries()) > 1 else stage
-        metrics = {
-            "greedy": trainer.evaluate_env(label=f"held-out, {name}, greedy", env=entry),
-            "sampled": trainer.evaluate_env(greedy=False, label=f"held-out, {name}, sampled", env=entry),
-        }
-        click.echo(
-            f"held-out success, {name}: {metrics['greedy']['success_rate']:.1%} greedy, {metrics['sampled']['success_rate']:.1%} sampled",
-            err=True,
-        )
+        metrics = {"greedy": trainer.evaluate_env(label=f"held-out, {name}, greedy", env=entry)}
+        if trainer.args.eval_sampled:
+            metrics["sampled"] = trainer.evaluate_env(greedy=False, label=f"held-out, {name}, sampled", env=entry)
+        note = ""
+        if any(m.get("invalid_end_rate") for m in metrics.values()):
+            cut = " and ".join(f"{m['invalid_end_rate']:.0%} {mode}" for mode, m in metrics.items())
+            note = f" ({cut} episodes ended after {trainer.args.eval_max_invalid_streak} invalid replies in a row)"
+        rates = ", ".join(f"{m['success_rate']:.1%} {mode}" for mode, m in metrics.items())
+        click.echo(f"held-out success, {name}: {rates}{note}", err=True)
         out[entry.env_id] = metrics
     return out
 
@@ -114,6 +115,7 @@ def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
     seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
     settings = args.manager_kwargs_for(entry)
     searched = time.perf_counter()
+    click.echo(f"reference policies on the {len(seeds)} held-out seeds of {entry.env_id}: searching the best open-loop policy", err=True)
     try:
         open_loop = best_open_loop(entry.env_id, seeds, settings["max_turns"], settings["env_kwargs"])
     except PolicyError:
@@ -124,7 +126,9 @@ def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
     references = reference_policies(
         entry.env_id, seeds, max_turns=settings["max_turns"], env_kwargs=settings["env_kwargs"], seed=args.seed,
         tokenizer=trainer.processing_class, open_loop=open_loop,
-        play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry)["success_rate"],
+        play=lambda generator: trainer.evaluate_env(
+            seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}"
+        )["success_rate"],
     )
     return references, open_loop
 
@@ -164,13 +168,13 @@ def _periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any
 
 
 def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
-    greedy, sampled = metrics["greedy"], metrics["sampled"]
+    greedy, sampled = metrics["greedy"], metrics.get("sampled")  # sampled: with eval_sampled only
     return [
         stage,
         f"{greedy['success_rate']:.1%}",
-        f"{sampled['success_rate']:.1%}",
+        "-" if sampled is None else f"{sampled['success_rate']:.1%}",
         f"{greedy['invalid_action_rate']:.1%}",
-        f"{sampled['invalid_action_rate']:.1%}",
+        "-" if sampled is None else f"{sampled['invalid_action_rate']:.1%}",
         f"{greedy['mean_turns']:.2f}",
     ]
 
@@ -235,7 +239,8 @@ def run_training(
     from_config = values.pop("resume_from_checkpoint", None)  # a config's way of saying --resume PATH
     try:
         args = EnvGRPOConfig(**values)
-    except (TypeError, ValueError) as exc:
+        args.check_envs()
+    except (TypeError, ValueError, EnvhubError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
     config = {k: v for k, v in values.items() if k != "output_dir"}
     # Only once the config is known good: --overwrite removes the earlier run.
@@ -293,9 +298,9 @@ def run_training(
             "open_loop_actions": None if open_loop is None else list(open_loop.actions),
             "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
             "open_loop_description": None if open_loop is None else open_loop.describe(),
-            "rl_success_gain": {m: own[STAGES[2]][m]["success_rate"] - own[start_key][m]["success_rate"] for m in ("greedy", "sampled")},
+            "rl_success_gain": {m: own[STAGES[2]][m]["success_rate"] - own[start_key][m]["success_rate"] for m in own[STAGES[2]]},
             "gain_over_open_loop": None if open_loop is None else {
-                m: own[STAGES[2]][m]["success_rate"] - open_loop.success_rate for m in ("greedy", "sampled")
+                m: own[STAGES[2]][m]["success_rate"] - open_loop.success_rate for m in own[STAGES[2]]
             },
         }
     # One env: its figures; a mix: the mean over its envs (each env's are under per_env).
@@ -342,7 +347,8 @@ def run_training(
         own, start = figures["evaluations"], figures["evaluations"][start_key]
         panel = marks.setdefault(env_id, {})
         panel["held-out, greedy"] = {before_rl: start["greedy"]["success_rate"], end: own[STAGES[2]]["greedy"]["success_rate"]}
-        panel[f"held-out, sampled ({how})"] = {before_rl: start["sampled"]["success_rate"], end: own[STAGES[2]]["sampled"]["success_rate"]}
+        if "sampled" in start:
+            panel[f"held-out, sampled ({how})"] = {before_rl: start["sampled"]["success_rate"], end: own[STAGES[2]]["sampled"]["success_rate"]}
         if periodic is not None and periodic.points:
             panel[f"held-out, greedy, every {args.eval_steps:g} steps"] = {
                 p["step"]: p["per_env"][env_id] if env_id else p["greedy"] for p in periodic.points
@@ -357,7 +363,8 @@ def _print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> N
     from envhub.cli import table
 
     evaluations, references = figures["evaluations"], figures["references"] or {}
-    click.echo(f"\n{name}: success on {results['held_out_episodes']} held-out seeds, greedy and sampled ({results['sampling']})\n")
+    modes = "greedy and sampled" if "sampled" in figures["rl_success_gain"] else "greedy (sampled with eval_sampled: true)"
+    click.echo(f"\n{name}: success on {results['held_out_episodes']} held-out seeds, {modes} ({results['sampling']})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
     rows = [_row(stage, m) for stage, m in evaluations.items()]
     rows += [[ref, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for ref, rate in references.items()]
@@ -366,13 +373,13 @@ def _print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> N
         click.echo(f"\nopen-loop: {figures['open_loop_description']}")
     gain, over = figures["rl_success_gain"], figures["gain_over_open_loop"]
     click.echo(
-        f"\nRL phase ({results['rl_steps']} steps, {results['advantage_estimator']}): {gain['greedy'] * 100:+.1f} points of greedy success, "
-        f"{gain['sampled'] * 100:+.1f} points of sampled success"
+        f"\nRL phase ({results['rl_steps']} steps, {results['advantage_estimator']}): "
+        + ", ".join(f"{points * 100:+.1f} points of {mode} success" for mode, points in gain.items())
     )
     if over is not None and "open-loop" in references:
         click.echo(
             f"learned policy over the best open-loop policy ({references['open-loop']:.1%}): "
-            f"{over['greedy'] * 100:+.1f} points greedy, {over['sampled'] * 100:+.1f} points sampled"
+            + ", ".join(f"{points * 100:+.1f} points {mode}" for mode, points in over.items())
         )
 
 

@@ -695,9 +695,10 @@ class EnvGRPOTrainer(GRPOTrainer):
             seed=args.seed,
         )
         env = env if env is not None else args.env_entries()[0]
+        settings = args.eval_manager_kwargs_for(env, model=generator is None)
         with self._generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
-            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **args.manager_kwargs_for(env))
+            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **settings)
 
 
 class _Snapshot:

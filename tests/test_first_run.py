@@ -1,0 +1,114 @@
+"""A first training run does not sit silent: held-out episodes of a model that cannot yet reply end
+after a few invalid replies in a row (reported as such), and progress shows as lines where
+stderr is a file or a pipe."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from helper_envs import flaky_env  # noqa: F401  (fixture)
+
+from envhub.manager import EnvGroupManager
+from envhub.rollout import batch_metrics
+
+LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
+
+
+def play(manager: EnvGroupManager, replies_per_turn: list[list[str]]) -> None:
+    manager.reset()
+    for replies in replies_per_turn:
+        if not manager.prompts():
+            break
+        active = [t for t in manager.trajectories() if t.end_reason is None]
+        manager.step([replies[t.member] for t in active])
+
+
+def test_an_episode_ends_after_the_set_number_of_invalid_replies_in_a_row(flaky_env):
+    manager = EnvGroupManager(flaky_env, 1, 2, max_turns=20, max_invalid_streak=2)
+    bad, ok = "<answer>Jump</answer>", "<answer>Ok</answer>"
+    # Member 0: invalid, valid, invalid, invalid -> ends on its 4th turn. Member 1: always valid.
+    play(manager, [[bad, ok], [ok, ok], [bad, ok], [bad, ok], [ok, ok]])
+    stuck, fine = manager.trajectories()
+    assert stuck.end_reason == "invalid" and stuck.truncated and not stuck.success and stuck.num_turns == 4
+    assert fine.end_reason is None and fine.num_turns == 5
+    assert batch_metrics([stuck, fine])["invalid_end_rate"] == 0.5
+
+
+def test_without_a_streak_limit_invalid_replies_play_to_the_turn_limit(flaky_env):
+    manager = EnvGroupManager(flaky_env, 1, 1, max_turns=5)
+    play(manager, [["nonsense"]] * 6)
+    (trajectory,) = manager.trajectories()
+    assert trajectory.end_reason == "truncated" and trajectory.num_turns == 5
+    assert batch_metrics([trajectory])["invalid_end_rate"] == 0.0
+
+
+def test_the_streak_limit_must_be_positive():
+    with pytest.raises(ValueError, match="max_invalid_streak must be at least 1"):
+        EnvGroupManager(LAKE, 1, 1, max_invalid_streak=0)
+
+
+def test_evaluation_cuts_the_models_episodes_but_not_the_reference_policies(tmp_path):
+    config = pytest.importorskip("envhub_trl.config")
+    args = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE)
+    entry = args.env_entries()[0]
+    assert args.eval_max_invalid_streak == 3
+    assert args.eval_manager_kwargs_for(entry)["max_invalid_streak"] == 3
+    assert args.eval_manager_kwargs_for(entry, model=False)["max_invalid_streak"] is None
+    off = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, eval_max_invalid_streak=None)
+    assert off.eval_manager_kwargs_for(entry)["max_invalid_streak"] is None
+
+
+def test_progress_is_written_as_lines_where_stderr_is_not_a_terminal(monkeypatch):
+    evaluation = pytest.importorskip("envhub_trl.evaluation")
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    bar = evaluation.progress_bar("held-out, greedy", 4)
+    assert isinstance(bar, evaluation.LineProgress)
+    bar.every_s = 0.0
+    with bar:
+        for _ in range(4):
+            bar.update(1)
+    lines = stream.getvalue().splitlines()
+    assert [line.split(",")[1].strip() for line in lines] == ["greedy: 0/4 episodes", "greedy: 1/4 episodes", "greedy: 2/4 episodes",
+                                                              "greedy: 3/4 episodes", "greedy: 4/4 episodes"]
+    assert all(line.endswith(" s") for line in lines)
+
+
+def test_progress_lines_are_spaced_out(monkeypatch):
+    evaluation = pytest.importorskip("envhub_trl.evaluation")
+    stream = io.StringIO()
+    with evaluation.LineProgress("eval", 100, stream, every_s=3600.0) as bar:
+        for _ in range(100):
+            bar.update(1)
+    assert stream.getvalue().splitlines() == ["eval: 0/100 episodes, 0 s", "eval: 100/100 episodes, 0 s"]
+
+
+def test_a_first_run_reports_its_cut_episodes_and_its_progress(tmp_path):
+    """``envhub train`` from the untrained tiny model, cut short: the held-out lines say how many
+    episodes ended for invalid replies, progress lines appear on a non-terminal stderr, and
+    results.json holds every figure."""
+    pytest.importorskip("envhub_trl")
+    from click.testing import CliRunner
+
+    from envhub.cli import cli
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, [
+        "train", "--env", LAKE, "--model", "tiny", "--output-dir", str(out), "--eval-episodes", "8",
+        "max_steps=1", "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "max_turns=6",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "held-out, initial model, greedy: 8/8 episodes" in result.output
+    assert "held-out, initial model, sampled" not in result.output  # sampled only with eval_sampled: true
+    # The untrained model replies nothing in format: every episode is cut, and the line says so.
+    assert "held-out success, initial model: 0.0% greedy (100% greedy episodes ended after 3 invalid replies in a row)" in result.output
+    results = json.loads((out / "results.json").read_text())
+    for stage in ("initial model", "after RL"):
+        figures = results["evaluations"][stage]
+        assert set(figures) == {"greedy"}
+        assert 0.0 <= figures["greedy"]["invalid_end_rate"] <= 1.0 and 0.0 <= figures["greedy"]["success_rate"] <= 1.0
+    assert set(results["rl_success_gain"]) == {"greedy"}
+    assert {"random policy", "expert"} <= set(results["references"])
+    assert [line.split()[:4] for line in result.output.splitlines() if line.startswith("initial model")] == [["initial", "model", "0.0%", "-"]]

@@ -1,0 +1,201 @@
+"""``envhub serve`` cannot be exhausted: silent and stuck sessions are closed and their slots freed,
+frames that are not JSON objects are answered, HTTP ``/step`` is a 400 naming the WebSocket route,
+and a client that goes away is one log line. Each test runs a real server (uvicorn, in a thread)
+on 127.0.0.1 with timeouts of a second."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("openenv")
+uvicorn = pytest.importorskip("uvicorn")
+sync_client = pytest.importorskip("websockets.sync.client")
+
+from click.testing import CliRunner  # noqa: E402
+from helper_envs import registered  # noqa: E402
+
+from envhub.cli import cli  # noqa: E402
+from envhub.integrations.openenv import create_app  # noqa: E402
+
+FLAKY = "test/ServeFlaky-v0"
+HANG = "test/ServeHang-v0"
+#: How long a test waits for what should take about a second.
+PATIENCE_S = 15.0
+#: How long ``envhub serve`` may take to answer /health: its imports took over 2 minutes on 2 cores shared with training runs.
+START_TIMEOUT_S = 360
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(env_id: str, **limits: float) -> Iterator[str]:
+    """``create_app(env_id, ...)`` served by uvicorn on a free port of 127.0.0.1; yields ``host:port``."""
+    app = create_app(env_id, action_format=None, **limits)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, log_level="info"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + PATIENCE_S
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(PATIENCE_S)
+
+
+@pytest.fixture
+def envs() -> Iterator[None]:
+    with registered(FLAKY, "helper_envs:FlakyEnv", max_turns=50), registered(HANG, "helper_envs:HangEnv", max_turns=50):
+        yield
+
+
+def connect(address: str):
+    return sync_client.connect(f"ws://{address}/ws", open_timeout=PATIENCE_S)
+
+
+def ask(ws, message) -> dict:
+    ws.send(message if isinstance(message, str) else json.dumps(message))
+    return json.loads(ws.recv(timeout=PATIENCE_S))
+
+
+def test_a_silent_session_is_closed_after_the_idle_timeout_and_frees_its_slot(envs):
+    with serving(FLAKY, max_sessions=1, idle_timeout=1.0) as address:
+        with connect(address) as silent:
+            with connect(address) as refused:
+                answer = json.loads(refused.recv(timeout=PATIENCE_S))
+                assert answer["type"] == "error" and answer["data"]["code"] == "CAPACITY_REACHED"
+            started = time.monotonic()
+            answer = json.loads(silent.recv(timeout=PATIENCE_S))
+            assert answer["data"]["code"] == "IDLE_TIMEOUT" and "idle timeout" in answer["data"]["message"]
+            assert 0.9 <= time.monotonic() - started < PATIENCE_S
+        with connect(address) as newcomer:  # the slot is free again
+            assert ask(newcomer, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
+
+
+def test_a_session_that_keeps_talking_is_not_closed(envs):
+    with serving(FLAKY, max_sessions=1, idle_timeout=1.0) as address, connect(address) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 0}})
+        for _ in range(4):  # 2 s in all, each message within the timeout
+            time.sleep(0.5)
+            assert ask(ws, {"type": "step", "data": {"text": "Ok"}})["type"] == "observation"
+
+
+def test_a_hung_step_ends_with_an_error_and_frees_the_slot(envs):
+    with serving(HANG, max_sessions=1, step_timeout=1.0) as address:
+        with connect(address) as ws:
+            ask(ws, {"type": "reset", "data": {"seed": 0}})
+            started = time.monotonic()
+            answer = ask(ws, {"type": "step", "data": {"text": "Boom"}})  # sleeps for an hour
+            assert answer["data"]["code"] == "STEP_TIMEOUT" and "step timeout (1 s)" in answer["data"]["message"]
+            assert time.monotonic() - started < PATIENCE_S
+        with connect(address) as newcomer:
+            assert ask(newcomer, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+            assert ask(newcomer, {"type": "step", "data": {"text": "Ok"}})["data"]["done"] is False
+
+
+@pytest.mark.parametrize("frame", ["[1, 2]", '"x"', "3", "null", "{not json"])
+def test_a_frame_that_is_not_a_json_object_gets_an_error_and_the_session_lives_on(envs, frame):
+    with serving(FLAKY) as address, connect(address) as ws:
+        first = ask(ws, {"type": "reset", "data": {"seed": 0}})
+        answer = ask(ws, frame)
+        assert answer["type"] == "error" and answer["data"]["code"] in ("INVALID_MESSAGE", "INVALID_JSON")
+        answer = ask(ws, {"type": "step", "data": {"text": "Ok"}})
+        assert answer["type"] == "observation"
+        assert answer["data"]["observation"]["text"] != first["data"]["observation"]["text"]  # the same episode went on
+
+
+def test_http_step_answers_400_naming_the_websocket_route(envs):
+    with serving(FLAKY) as address:
+        for body in (json.dumps({"action": {"text": "Ok"}}), "not json", "{}"):
+            request = urllib.request.Request(f"http://{address}/step", data=body.encode(), headers={"content-type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=PATIENCE_S)
+            assert caught.value.code == 400
+            assert "/ws" in json.loads(caught.value.read())["detail"]
+
+
+def test_a_client_that_goes_away_is_one_log_line(envs, caplog):
+    caplog.set_level(logging.INFO)
+    with serving(FLAKY) as address:
+        with connect(address) as polite:
+            ask(polite, {"type": "reset", "data": {"seed": 0}})
+        with connect(address) as abrupt:
+            ask(abrupt, {"type": "reset", "data": {"seed": 0}})
+            abrupt.socket.shutdown(socket.SHUT_RDWR)  # no closing handshake, as a killed client
+            abrupt.socket.close()
+        deadline = time.monotonic() + PATIENCE_S
+        while len([r for r in caplog.records if r.name == "envhub.serve"]) < 2:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        time.sleep(0.2)  # anything the server would log after the session ended
+    sessions = [r.getMessage() for r in caplog.records if r.name == "envhub.serve"]
+    assert len(sessions) == 2 and all("client went away" in line for line in sessions), sessions
+    assert not [r for r in caplog.records if r.exc_info or "Exception in ASGI application" in r.getMessage()]
+
+
+def test_serve_says_the_host_is_not_valid():
+    result = CliRunner().invoke(cli, ["serve", FLAKY.replace("test/ServeFlaky", "frozenlake/FrozenLake"), "--host", "999.1.1.1"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--host 999.1.1.1 is not a valid address" in result.output and "port" not in result.output
+
+
+@pytest.mark.parametrize("option", ["--idle-timeout", "--step-timeout"])
+def test_serve_refuses_a_timeout_that_is_not_positive(option):
+    result = CliRunner().invoke(cli, ["serve", "frozenlake/FrozenLake-v0", option, "0"])
+    assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+
+
+def test_envhub_serve_logs_a_vanished_client_in_one_line(tmp_path):
+    """The command itself (its log set-up, uvicorn's own handling) over a real socket: a client
+    killed mid-session is one line on stderr, not an ASGI traceback."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "envhub", "serve", "frozenlake/FrozenLake-v0", "--port", str(port), "--idle-timeout", "30"],
+            stdout=log_file, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with connect(f"127.0.0.1:{port}") as ws:
+            assert ask(ws, {"type": "reset", "data": {"seed": 0}})["type"] == "observation"
+            ws.socket.shutdown(socket.SHUT_RDWR)
+            ws.socket.close()
+        deadline = time.monotonic() + PATIENCE_S
+        while "client went away" not in log_path.read_text():
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    lines = log_path.read_text().splitlines()
+    assert len([line for line in lines if "client went away" in line]) == 1
+    assert not [line for line in lines if "Traceback" in line or "Exception in ASGI" in line], lines
