@@ -96,8 +96,8 @@ class EnvGroupManager:
             message (a short prompt for a small model); None keeps the environments'.
         show_legal_actions: list the legal actions in each user message.
         show_turns: start each user message with the turn count (``Turn 2 of 8; 7 actions left.``).
-            A tiny model trained from scratch can fit the expert's moves from the turn number
-            alone and never learn to read its observation; without the count it has to.
+            A tiny model trained from scratch can fit the expert's moves to the turn number
+            instead of reading its observation.
         executor: where the environments live (default: in this process).
         per_env: with a mix, settings an env id sets for itself, overriding the arguments above:
             ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
