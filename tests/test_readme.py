@@ -4,6 +4,8 @@ import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
