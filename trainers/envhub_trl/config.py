@@ -28,6 +28,12 @@ Group filtering:
     top fraction of groups by return std, as RAGEN's StarPO-S).
 Evaluation:
     ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``.
+TRL's own fields:
+    those TRL's loss reads (``beta``, ``num_iterations``, ``epsilon``, ``epsilon_high``, ``delta``,
+    ``loss_type``, ``importance_sampling_level``, ``top_entropy_quantile``...) act on envhub's
+    advantages; ``scale_rewards`` ``'none'`` is ``advantage_norm='mean'``; those envhub would
+    ignore (``reward_weights``, ``mask_truncated_completions``, ``scale_rewards='batch'``...) are
+    refused when set (:mod:`envhub_trl.inherited`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from trl import GRPOConfig
 
 from envhub_trl.curriculum import Curriculum
 from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, EstimatorSettings
+from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
 
 from envhub.executors import EXECUTORS
@@ -351,6 +358,7 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
         if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:
             raise ValueError(f"advantage_norm_scope must be one of {NORM_SCOPES} (or unset), got {self.advantage_norm_scope!r}")
+        check_inherited(self)  # a TRL field envhub would ignore is refused; scale_rewards maps onto advantage_norm
         self.curriculum_schedule()  # a bad curriculum fails here, naming its field
         if self.env_executor not in EXECUTORS:
             raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
