@@ -45,6 +45,7 @@ from trl import GRPOConfig
 
 from envhub_trl.curriculum import Curriculum
 from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, EstimatorSettings
+from envhub_trl.generators import BACKENDS
 from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
 
@@ -52,11 +53,16 @@ from envhub.executors import EXECUTORS
 from envhub.prompts import PromptSettings, TrainedOn
 
 NORMS = ("mean", "mean_std")
-GENERATORS = ("hf", "vllm", "vllm-server")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
 RATIO_TYPES = ("token", "segment")
+
+
+def _served(generator: str) -> bool:
+    """Whether the generator backend plays on a server at ``vllm_server_url``."""
+    found = BACKENDS.get(generator)
+    return found is not None and found.needs_server_url
 
 
 @dataclass
@@ -341,7 +347,7 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if self.max_staleness < 0 or self.importance_sampling_cap < 1.0:
             raise ValueError(f"max_staleness must be >= 0 and importance_sampling_cap >= 1; got {self.max_staleness}, {self.importance_sampling_cap}")
-        if self.rollout_mode == "async" and (self.generator == "vllm-server" or self.curriculum is not None):
+        if self.rollout_mode == "async" and (_served(self.generator) or self.curriculum is not None):
             raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
         if self.ratio_type not in RATIO_TYPES:
             raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {self.ratio_type!r}")
@@ -362,13 +368,13 @@ class EnvGRPOConfig(GRPOConfig):
         self.curriculum_schedule()  # a bad curriculum fails here, naming its field
         if self.env_executor not in EXECUTORS:
             raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
-        if self.generator not in GENERATORS:
-            raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
+        if self.generator not in BACKENDS:
+            raise ValueError(f"generator must be one of {tuple(sorted(BACKENDS))} (the registered backends), got {self.generator!r}")
         if self.sample_layout not in LAYOUTS:
             raise ValueError(f"sample_layout must be one of {LAYOUTS}, got {self.sample_layout!r}")
         if self.history_turns < 0:
             raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
-        if (self.generator == "vllm-server") != (self.vllm_server_url is not None):
+        if _served(self.generator) != (self.vllm_server_url is not None):
             raise ValueError(
                 "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
                 f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"
