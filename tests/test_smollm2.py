@@ -128,6 +128,7 @@ def test_a_reply_stops_at_the_end_of_its_turn(smollm2_hf, shipped_tokenizer):
     assert completion.text == shipped_tokenizer.decode(completion.token_ids[:-1]) and "<|im" not in completion.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", [LAKE, "sokoban/Sokoban-v0", "gym/Taxi-v3"])
 @pytest.mark.parametrize("policy", ["expert", "random"])
 def test_trajectories_equal_the_templates_rendering(shipped_tokenizer, env_id, policy):

@@ -64,6 +64,7 @@ def test_the_tiny_template_renders_tools_and_sampled_tool_calls_parse(tiny):
     assert all(not turn.action_is_valid and turn.invalid_reason for t in trajectories for turn in t.turns)
 
 
+@pytest.mark.slow
 def test_smollm2s_template_gets_the_tools_written_into_the_system_message():
     from envhub_trl import models
     from transformers import AutoTokenizer
