@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld ./trainers
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench bench-learning clean
+.PHONY: setup test check demo bench bench-learning clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 
 test: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# The fast tier, for between edits: every test but those marked slow (training runs, vLLM, browsers,
+# servers); a few minutes on 2 cores. `make test` (and CI) still runs everything.
+check: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
 # The training demo: SFT warm start then GiGPO on FrozenLake from the tiny model, held-out success before/after.
 demo: setup

@@ -183,7 +183,7 @@ def main() -> None:
         grpo_s = best_of(lambda: grpo_advantages(returns, batch["traj_groups"]))
         per_turn = gigpo_advantages(**batch)["advantages"].reshape(-1, 32)
         turn_ids = np.repeat(np.arange(32), 8).tolist()
-        samples = [Sample([], [], [], [], turn_ids, i // 8, i) for i in range(len(per_turn))]
+        samples = [Sample(prompt_ids=[], completion_ids=[], env_mask=[], logprobs=[], turn_ids=turn_ids, group_id=i // 8, trajectory_index=i) for i in range(len(per_turn))]
         spread_s = best_of(lambda: token_advantages(samples, per_turn, 256))
         figures |= {
             "prompt_tokens": prompt_len,

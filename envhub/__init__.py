@@ -1,8 +1,10 @@
 """envhub: multi-turn text environments for training LLM agents with reinforcement learning.
 
-Importing envhub reads the ``envhub`` entry points and runs each plugin's ``register_envs`` hook,
-which records ids and ``module:Class`` strings; an environment's own code is imported only when it
-is made. After ``import envhub``, every envhub id also works with ``gymnasium.make``.
+Importing envhub imports no plugin. The first lookup of an id (``make``, ``spec``) loads the plugin
+of its namespace; listing the registry (``envhub list``) loads them all. A plugin's
+``register_envs`` hook records ids and ``module:Class`` strings; an environment's own code is
+imported only when it is made. Once the plugins have loaded (``envhub.load_plugins()`` loads them
+all), every envhub id also works with ``gymnasium.make``.
 """
 
 from __future__ import annotations
@@ -25,13 +27,12 @@ __all__ = [
     "TextSpace",
     "__version__",
     "hookimpl",
+    "load_plugins",
     "make",
     "register",
     "registry",
     "spec",
 ]
 
-# Last, so that plugins importing ``envhub.hookimpl`` find it defined.
+# Binds the registry to the plugin host; loads nothing until an id or the list is asked for.
 from envhub.plugins import load_plugins  # noqa: E402
-
-load_plugins()

@@ -45,7 +45,7 @@ class StepTimedOut(WorkerDied):
 DEFAULT_STEP_TIMEOUT = 300.0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ResetRequest:
     """Make (or reuse) the environment of ``slot`` from ``spec`` and reset it with ``seed``.
 
@@ -61,7 +61,7 @@ class ResetRequest:
     expert: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class StepRequest:
     """Apply the replies ``replies`` to the environments of ``slots`` (same order) with the format ``fmt``.
 
@@ -85,10 +85,16 @@ class StepRequest:
     def subset(self, positions: Sequence[int]) -> StepRequest:
         """The request restricted to the slots at ``positions``."""
         cut = [self.cut[p] for p in positions] if self.cut else ()
-        return StepRequest([self.slots[p] for p in positions], [self.replies[p] for p in positions], self.fmt, self.expert, cut)
+        return StepRequest(
+            slots=[self.slots[p] for p in positions],
+            replies=[self.replies[p] for p in positions],
+            fmt=self.fmt,
+            expert=self.expert,
+            cut=cut,
+        )
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, kw_only=True)
 class EnvState:
     """An environment's answer to a reset or a step.
 
@@ -205,16 +211,16 @@ class EnvWorker:
                 parsed = outcome.parsed
                 states.append(
                     EnvState(
-                        outcome.observation,
-                        outcome.reward,
-                        outcome.terminated,
-                        outcome.truncated,
-                        info,
-                        None if over else env.valid_actions(),
-                        env.expert_action() if expert and not over else None,
-                        parsed.format_valid,
-                        parsed.action,
-                        None if info["action_is_valid"] else info.get("invalid_reason"),
+                        observation=outcome.observation,
+                        reward=outcome.reward,
+                        terminated=outcome.terminated,
+                        truncated=outcome.truncated,
+                        info=info,
+                        valid_actions=None if over else env.valid_actions(),
+                        expert_action=env.expert_action() if expert and not over else None,
+                        format_valid=parsed.format_valid,
+                        action=parsed.action,
+                        invalid_reason=None if info["action_is_valid"] else info.get("invalid_reason"),
                         observations=outcome.observations if len(outcome.observations) > 1 else (),
                     )
                 )
@@ -347,7 +353,7 @@ class _PoolExecutor:
         """Step the requested slots on their workers, in parallel."""
         for position, (slot, reply) in enumerate(zip(request.slots, request.replies)):
             if slot in self.histories:
-                self.histories[slot][1].append(StepRequest([slot], [reply], request.fmt, request.expert, request.cut[position : position + 1]))
+                self.histories[slot][1].append(StepRequest(slots=[slot], replies=[reply], fmt=request.fmt, expert=request.expert, cut=request.cut[position : position + 1]))
         shards = self._shards(request.slots)
         return self._run("step", shards, len(request.slots), request.subset)
 
@@ -479,7 +485,13 @@ class _PoolExecutor:
             if not batch:
                 break
             cut = [bool(r.cut) and r.cut[0] for _, r in batch]
-            merged = StepRequest([r.slots[0] for _, r in batch], [r.replies[0] for _, r in batch], batch[0][1].fmt, batch[0][1].expert, cut if any(cut) else ())
+            merged = StepRequest(
+                slots=[r.slots[0] for _, r in batch],
+                replies=[r.replies[0] for _, r in batch],
+                fmt=batch[0][1].fmt,
+                expert=batch[0][1].expert,
+                cut=cut if any(cut) else (),
+            )
             for (slot, _), state in zip(batch, self._receive(worker, self._send(worker, "step", merged))):
                 self._check_replay(slot, i + 1, state)
 

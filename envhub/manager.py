@@ -232,11 +232,16 @@ class EnvGroupManager:
         for group, env_id in enumerate(self.group_env_ids):
             for member in range(self.group_size):
                 index = group * self.group_size + member
-                trajectory = Trajectory(env_id, group, member, int(seeds[group]), index, self.layout)
+                trajectory = Trajectory(env_id=env_id, group_id=group, member=member, seed=int(seeds[group]), index=index, layout=self.layout)
                 self._slots.append(_Slot(trajectory))
                 requests.append(
                     ResetRequest(
-                        index, self.specs[env_id], int(seeds[group]), self.env_kwargs[env_id], self._per_env[env_id][0], self.expert_hints
+                        slot=index,
+                        spec=self.specs[env_id],
+                        seed=int(seeds[group]),
+                        env_kwargs=self.env_kwargs[env_id],
+                        max_turns=self._per_env[env_id][0],
+                        expert=self.expert_hints,
                     )
                 )
         self.last_states = self.executor.reset(requests)
@@ -321,11 +326,11 @@ class EnvGroupManager:
         for position, i in enumerate(slots):
             by_format.setdefault(self._slots[i].fmt, []).append(position)
         if len(by_format) == 1:
-            return self.executor.step(StepRequest(list(slots), texts, self._slots[slots[0]].fmt, self.expert_hints, cut))
+            return self.executor.step(StepRequest(slots=list(slots), replies=texts, fmt=self._slots[slots[0]].fmt, expert=self.expert_hints, cut=cut))
         states: list[Any] = [None] * len(texts)
         for fmt, positions in by_format.items():  # a mix of reply formats: answers put back in order
             flags = [cut[p] for p in positions] if cut else ()
-            request = StepRequest([slots[p] for p in positions], [texts[p] for p in positions], fmt, self.expert_hints, flags)
+            request = StepRequest(slots=[slots[p] for p in positions], replies=[texts[p] for p in positions], fmt=fmt, expert=self.expert_hints, cut=flags)
             for p, state in zip(positions, self.executor.step(request)):
                 states[p] = state
         return states
@@ -392,26 +397,26 @@ class EnvGroupManager:
             ids, logprobs, finish = reply.token_ids, reply.logprobs, reply.finish_reason
         trajectory.turns.append(
             Turn(
-                len(trajectory.turns),
-                trajectory.pending_user,
-                slot.observation,
-                text,
-                state.action,
-                reward if valid else reward + self.format_penalty,
-                reward,
-                valid,
-                state.format_valid,
-                slot.state_key,
-                info["state_key"],
-                state.terminated,
-                state.truncated,
-                slot.next_input,
-                ids,
-                logprobs,
-                finish,
-                state.invalid_reason,
-                slot.expert_action if self.expert_hints else None,
-                trajectory.pending_env_messages,
+                index=len(trajectory.turns),
+                user=trajectory.pending_user,
+                observation=slot.observation,
+                reply=text,
+                action=state.action,
+                reward=reward if valid else reward + self.format_penalty,
+                env_reward=reward,
+                action_is_valid=valid,
+                format_valid=state.format_valid,
+                state_key=slot.state_key,
+                next_state_key=info["state_key"],
+                terminated=state.terminated,
+                truncated=state.truncated,
+                input_ids=slot.next_input,
+                completion_ids=ids,
+                logprobs=logprobs,
+                finish_reason=finish,
+                invalid_reason=state.invalid_reason,
+                expert_action=slot.expert_action if self.expert_hints else None,
+                env_messages=trajectory.pending_env_messages,
             )
         )
         trajectory.success = info["success"]

@@ -1,8 +1,11 @@
 """Plugin discovery: pluggy hooks loaded from the ``envhub`` entry-point group.
 
-Plugins are loaded once, on first use of the registry or the CLI. ``ENVHUB_PLUGINS`` (a comma
-list of entry-point or distribution names) limits which load. A plugin that fails to import, or
-whose hook raises, is recorded with its error and never stops the others.
+``import envhub`` loads no plugin. The entry points are read once, on first need. Looking up an
+id (``envhub.make``, ``envhub.spec``) first loads only the distribution named after the id's
+namespace (``envhub-<namespace>``) when one is installed; listing the registry, the CLI, a policy
+lookup, or an id no such distribution offers load every plugin. ``ENVHUB_PLUGINS`` (a comma list of
+entry-point or distribution names) limits which load. A plugin that fails to import, or whose hook
+raises, is recorded with its error and never stops the others.
 """
 
 from __future__ import annotations
@@ -56,6 +59,17 @@ class PluginInfo:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """One plugin the entry-point scan found, to be loaded on first need."""
+
+    name: str
+    dist: str
+    version: str | None
+    entry_point: str
+    loader: Any
+
+
 class PluginHost:
     """The pluggy manager plus what envhub knows about each plugin (version, error)."""
 
@@ -74,24 +88,32 @@ class PluginHost:
         self.first_in: dict[str, str] = {}
         #: Conflicts to report on an owner that has not loaded yet.
         self.pending_conflicts: dict[str, list[str]] = {}
+        #: The load plan from the one entry-point scan (None until the first need).
+        self._plan: list[_Planned] | None = None
+        #: Plugins whose loading has begun (by a namespace lookup or the full load).
+        self._started: set[str] = set()
+        #: True while one namespace's distribution loads ahead of the others.
+        self._partial = False
+        #: Plugin -> registrations it made, while loading early, in namespaces nobody owns by name.
+        self._deferred: dict[str, list[tuple[str, Any, dict[str, Any]]]] = {}
 
-    def load(self) -> None:
-        """Load default and entry-point plugins and run their ``register_envs`` hooks, once."""
-        if self.loaded:
-            return
-        self.loaded = True
+    def _scan(self) -> list[_Planned]:
+        """Read the entry points (once) and plan the load: every allowed plugin, in load order."""
+        if self._plan is not None:
+            return self._plan
         allowed = _allowed_plugins()
-        points = _entry_points()  # one scan of the installed distributions
+        points = _entry_points()  # the one scan of the installed distributions
         per_dist = collections.Counter(_dist_name(ep) for ep in points)
         names = set(DEFAULT_PLUGINS) | {ep.name for ep in points} | set(per_dist)
         self.available = sorted(names)
         #: The namespace each distribution named envhub-<namespace> owns.
         self.owners = {n.removeprefix("envhub-"): n for n in names if n.startswith("envhub-")}
         self.unmatched_allowed = sorted(set(allowed or ()) - names)
+        plan = []
         for name, module_name in DEFAULT_PLUGINS.items():
             if allowed is None or name in allowed:
                 version = importlib.metadata.version("envhub")
-                self._load_one(name, version, module_name, lambda m=module_name: importlib.import_module(m))
+                plan.append(_Planned(name, name, version, module_name, lambda m=module_name: importlib.import_module(m)))
         for ep in points:
             dist = getattr(ep, "dist", None)
             dist_name = _dist_name(ep)
@@ -100,9 +122,58 @@ class PluginHost:
             version = dist.version if dist is not None else None
             # A distribution with several entry points gets a plugin per entry point.
             name = dist_name if per_dist[dist_name] == 1 else f"{dist_name}:{ep.name}"
-            self._load_one(name, version, ep.value, ep.load)
+            plan.append(_Planned(name, dist_name, version, ep.value, ep.load))
+        self._plan = plan
+        return plan
+
+    def load(self) -> None:
+        """Load every (allowed) default and entry-point plugin and run its hooks, once."""
+        if self.loaded:
+            return
+        self.loaded = True
+        for planned in self._scan():
+            if planned.name in self._started:
+                # Loaded early for one namespace: its registrations in namespaces nobody owns by
+                # name run now, at its place in the order, so that "first to register" does not
+                # depend on which id was made first.
+                self._replay_deferred(planned.name)
+            else:
+                self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
+
+    def load_namespace(self, namespace: str) -> None:
+        """Load only the distribution named ``envhub-<namespace>`` (if installed and allowed)."""
+        if self.loaded:
+            return
+        plan = self._scan()
+        owner = self.owners.get(namespace)
+        if owner is None:
+            return
+        self._partial = True
+        try:
+            for planned in plan:
+                if planned.dist == owner and planned.name not in self._started:
+                    self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
+        finally:
+            self._partial = False
+
+    def _replay_deferred(self, name: str) -> None:
+        info = self.infos.get(name)
+        deferred = self._deferred.pop(name, [])
+        if info is None or info.error is not None:
+            return
+        try:
+            for env_id, entry_point, spec_kwargs in deferred:
+                self._register_for(info, env_id, entry_point, **spec_kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # as in _register_envs_of: a failed plugin registers nothing
+            info.error = _describe(exc)
+            for env_id in info.env_ids:
+                registry.remove(env_id)
+            info.env_ids.clear()
 
     def _load_one(self, name: str, version: str | None, entry_point: str, loader: Any) -> None:
+        self._started.add(name)
         info = PluginInfo(name=name, version=version, entry_point=entry_point)
         info.conflicts.extend(self.pending_conflicts.pop(name.partition(":")[0], []))
         self.infos[name] = info
@@ -191,6 +262,10 @@ class PluginHost:
         namespace is refused, recorded on both plugins (``envhub plugins``), and returns None.
         """
         namespace = str(id).partition("/")[0]
+        if self._partial and namespace not in self.owners:
+            # Who is first in an unowned namespace is decided in load order, by the full load.
+            self._deferred.setdefault(info.name, []).append((id, entry_point, spec_kwargs))
+            return None
         owner = self.owners.get(namespace) or self.first_in.setdefault(namespace, info.name)
         if owner != info.name and not info.name.startswith(f"{owner}:"):
             conflict = f"{id}: namespace {namespace!r} belongs to {owner}; {info.name} may not register in it"
@@ -277,6 +352,7 @@ def _explain_unknown(env_id: str) -> str:
 host = PluginHost()
 # The host fills the registry and explains what it lacks; the registry does not know of plugins.
 registry.loader = host.load
+registry.namespace_loader = host.load_namespace
 registry.explain_unknown = _explain_unknown
 actions.format_loader = host.load
 

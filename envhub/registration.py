@@ -2,7 +2,8 @@
 
 Ids are ``namespace/Name-vN``. Plugins register specs whose entry points are ``"module:Class"``
 strings, imported only when an environment is made. Every envhub id is also registered with
-Gymnasium, so ``gymnasium.make(id)`` works once envhub is imported.
+Gymnasium as its plugin loads, so ``gymnasium.make(id)`` works once envhub has loaded the plugins
+(any ``envhub.make``, ``envhub.registry`` listing, or ``envhub.load_plugins()``).
 """
 
 from __future__ import annotations
@@ -150,8 +151,11 @@ class Registry:
 
     def __init__(self) -> None:
         self._specs: dict[str, EnvSpec] = {}
-        #: Called before every lookup (it loads the plugins once).
+        #: Loads every plugin (once); called before listing, and before failing a lookup.
         self.loader: Callable[[], None] | None = None
+        #: Loads the plugin that owns a namespace, if one does; called before the full load on a
+        #: lookup, so that making one env does not load every plugin.
+        self.namespace_loader: Callable[[str], None] | None = None
         #: More words for an unknown id, or "".
         self.explain_unknown: Callable[[str], str] | None = None
 
@@ -190,11 +194,20 @@ class Registry:
         Raises:
             UnknownEnv: naming close matches and how to list what is installed.
         """
-        self._ensure_loaded()
-        found = self._specs.get(env_id)
+        found = self._lookup(env_id)
         if found is not None:
             return found
         raise UnknownEnv(self._unknown_message(env_id))
+
+    def _lookup(self, env_id: object) -> EnvSpec | None:
+        found = self._specs.get(env_id)  # type: ignore[arg-type]
+        if found is None and self.namespace_loader is not None and isinstance(env_id, str):
+            self.namespace_loader(env_id.partition("/")[0])
+            found = self._specs.get(env_id)
+        if found is None:
+            self._ensure_loaded()
+            found = self._specs.get(env_id)  # type: ignore[arg-type]
+        return found
 
     def _unknown_message(self, env_id: str) -> str:
         ids = sorted(self._specs)
@@ -213,8 +226,7 @@ class Registry:
         return message
 
     def __contains__(self, env_id: object) -> bool:
-        self._ensure_loaded()
-        return env_id in self._specs
+        return self._lookup(env_id) is not None
 
     def __iter__(self) -> Iterator[str]:
         self._ensure_loaded()

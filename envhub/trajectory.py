@@ -20,7 +20,7 @@ import numpy as np
 END_REASONS = ("terminated", "truncated", "context", "invalid", "error")
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, kw_only=True)
 class Turn:
     """One reply of the model and what the environment made of it.
 
@@ -78,7 +78,7 @@ class Turn:
         return list(self.env_messages) if self.env_messages else [{"role": "user", "content": self.user}]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Sample:
     """One training sample: a prompt and a completion in which some tokens are the model's.
 
@@ -106,7 +106,7 @@ class Sample:
     turn_index: int | None = None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Trajectory:
     """One episode of one environment of a group.
 
@@ -211,7 +211,15 @@ class Trajectory:
             mask += [1] * len(turn.completion_ids)
             logprobs.extend(turn.logprobs)
             turn_ids += [turn.index] * len(turn.completion_ids)
-        return Sample(list(self.turns[0].input_ids), completion, mask, logprobs, turn_ids, self.group_id, self.index)
+        return Sample(
+            prompt_ids=list(self.turns[0].input_ids),
+            completion_ids=completion,
+            env_mask=mask,
+            logprobs=logprobs,
+            turn_ids=turn_ids,
+            group_id=self.group_id,
+            trajectory_index=self.index,
+        )
 
     def step_samples(self) -> list[Sample]:
         """The episode as one sample per turn (step layout): each turn's windowed prompt and reply.
@@ -225,14 +233,14 @@ class Trajectory:
             raise ValueError(f"episode {self.index} has no token ids; give the manager a tokenizer")
         return [
             Sample(
-                list(turn.input_ids),
-                list(turn.completion_ids),
-                [1] * len(turn.completion_ids),
-                list(turn.logprobs),
-                [turn.index] * len(turn.completion_ids),
-                self.group_id,
-                self.index,
-                turn.index,
+                prompt_ids=list(turn.input_ids),
+                completion_ids=list(turn.completion_ids),
+                env_mask=[1] * len(turn.completion_ids),
+                logprobs=list(turn.logprobs),
+                turn_ids=[turn.index] * len(turn.completion_ids),
+                group_id=self.group_id,
+                trajectory_index=self.index,
+                turn_index=turn.index,
             )
             for turn in self.turns
         ]

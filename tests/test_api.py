@@ -43,14 +43,23 @@ def _slow_to_reset(env_spec):
 
 CHECKED = [s for s in _representatives(ALL_SPECS) if not _slow_to_reset(s)]
 
+#: Ids whose making or checking takes long on 2 cores (WebShop loads its catalog, TextWorld compiles
+#: games, the large QA corpus, big generated levels): `make check` leaves them to `make test`.
+SLOW_IDS = {"tools/MultiHopQALarge-v0", "textarena/Sokoban-medium-v0", "textarena/RushHour-v0"}
 
-@pytest.mark.parametrize("env_spec", CHECKED, ids=[s.id for s in CHECKED])
+
+def _params(specs):
+    slow = lambda s: s.plugin in ("envhub-webshop", "envhub-textworld") or s.id in SLOW_IDS  # noqa: E731
+    return [pytest.param(s, id=s.id, marks=pytest.mark.slow if slow(s) else ()) for s in specs]
+
+
+@pytest.mark.parametrize("env_spec", _params(CHECKED))
 def test_every_registered_env_passes_the_checker(env_spec):
     report = check_env(env_spec.id)
     assert report.ok, report.format()
 
 
-@pytest.mark.parametrize("env_spec", ALL_SPECS, ids=[s.id for s in ALL_SPECS])
+@pytest.mark.parametrize("env_spec", _params(ALL_SPECS))
 def test_every_registered_env_speaks_the_api(env_spec):
     env = envhub.make(env_spec.id)
     assert isinstance(env, TextEnv) and env.max_turns == env_spec.max_turns
@@ -70,7 +79,7 @@ def test_every_registered_env_speaks_the_api(env_spec):
     assert isinstance(env.render(), str)
 
 
-@pytest.mark.parametrize("env_spec", ALL_SPECS, ids=[s.id for s in ALL_SPECS])
+@pytest.mark.parametrize("env_spec", _params(ALL_SPECS))
 def test_every_envhub_id_works_with_gymnasium_make(env_spec):
     env = gymnasium.make(env_spec.id)
     observation, info = env.reset(seed=1)

@@ -156,6 +156,7 @@ def train(tiny, tmp_path, half_expert=False, **overrides):
     return trainer, logs, changed
 
 
+@pytest.mark.slow
 def test_async_training_keeps_its_staleness_bound_and_corrects_for_the_lag(tiny, tmp_path):
     trainer, logs, _ = train(tiny, tmp_path, rollout_mode="async", max_staleness=1)
     assert trainer.state.global_step == 3 and len(logs) == 3
@@ -169,6 +170,7 @@ def test_async_training_keeps_its_staleness_bound_and_corrects_for_the_lag(tiny,
     assert logs[0]["rollout/importance_weight_max"] == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_continuous_training_runs_and_reports_where_the_time_went(tiny, tmp_path):
     trainer, logs, changed = train(tiny, tmp_path, half_expert=True, rollout_mode="continuous", max_steps=2)
     assert trainer.state.global_step == 2 and changed

@@ -109,8 +109,8 @@ def test_a_good_env_passes(registered):
         (CrashesOnJunk, "fuzz of 1000 malformed replies"),
         (InvalidMovesTheState, "state_key is stable"),
         (MissingInfoKey, "reset/step types and info keys"),
-        (IllegalExpert, "expert_action is legal"),
-        (HashBased, "same seed, same episode (other processes)"),
+        pytest.param(IllegalExpert, "expert_action is legal", marks=pytest.mark.slow),
+        pytest.param(HashBased, "same seed, same episode (other processes)", marks=pytest.mark.slow),  # fresh interpreters
     ],
 )
 def test_broken_envs_fail_the_right_check(registered, cls, check):
@@ -129,6 +129,7 @@ def test_fuzz_corpus_covers_the_named_kinds_of_junk():
     assert any("Up" in r and r != "<answer>Up</answer>" for r in replies)
 
 
+@pytest.mark.slow
 def test_an_env_whose_data_is_missing_is_skipped_once_with_the_reason(monkeypatch, tmp_path):
     from click.testing import CliRunner
 

@@ -137,6 +137,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_ray_actors_play_the_same_episodes_and_survive_a_dead_actor(ray_cluster, reference):
     from envhub.executors import RayExecutor
 
@@ -165,6 +166,7 @@ def test_an_unpicklable_info_is_reported_with_its_key_not_as_a_dead_worker():
     assert good.end_reason is None and good.num_turns == 1
 
 
+@pytest.mark.slow
 def test_a_hung_step_ends_only_its_episode_within_the_deadline():
     import time
 

@@ -46,7 +46,11 @@ def envhub_info(info: dict) -> dict:
     return json.loads(json.dumps({k: v for k, v in info.items() if k not in ("env_instruction", "suffix")}, default=str))
 
 
-@pytest.mark.parametrize("env_id", ALL_IDS)
+#: Ids slow to play on 2 cores (big generated levels, compiled games): `make check` leaves them out.
+SLOW_IDS = {"textarena/Sokoban-medium-v0", "textarena/Sudoku-hard-v0", "textworld/Cooking-level3-v0"}
+
+
+@pytest.mark.parametrize("env_id", [pytest.param(i, marks=pytest.mark.slow if i in SLOW_IDS else ()) for i in ALL_IDS])
 def test_gem_make_plays_the_transcript_of_envhub_run(env_id):
     """``gem.make("envhub:ID")``, driven through GEM's reset/step with the expert's replies in the
     answer format, plays the transcript ``envhub run --policy expert --json`` prints. An env with no

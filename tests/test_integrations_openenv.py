@@ -84,6 +84,7 @@ def play(client, seed: int, record: dict, pause_s: float = 0.0) -> list[dict]:
     return transcript
 
 
+@pytest.mark.slow
 def test_the_openenv_client_plays_an_expert_episode(server):
     record = expert_record(0)
     with GenericEnvClient(base_url=server).sync() as client:
@@ -95,6 +96,7 @@ def test_the_openenv_client_plays_an_expert_episode(server):
             client.step({"text": "<answer>Up</answer>"})
 
 
+@pytest.mark.slow
 def test_two_concurrent_clients_do_not_share_state(server):
     """Two sessions at once, each on its own seed, stepping in parallel threads: each plays its
     own episode exactly, so neither saw the other's environment."""
@@ -108,6 +110,7 @@ def test_two_concurrent_clients_do_not_share_state(server):
         assert first.state()["episode_id"] != second.state()["episode_id"]
 
 
+@pytest.mark.slow
 def test_a_bad_reply_is_an_invalid_turn_and_a_bad_action_a_clear_error(server):
     with GenericEnvClient(base_url=server).sync() as client:
         first = client.reset(seed=0)
@@ -131,6 +134,7 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path):
     assert result.exit_code != 0 and "is in use; pick another with --port" in result.output
 
 
+@pytest.mark.slow
 def test_readme_openenv_example_plays_against_the_server(server, capsys):
     import re
     from pathlib import Path

@@ -204,6 +204,7 @@ def tool_calling_tiny(one_thread):
     return model, tokenizer
 
 
+@pytest.mark.slow
 def test_plain_grpo_trainer_trains_two_steps_through_the_factory(tool_calling_tiny, tmp_path, monkeypatch):
     from trl import GRPOConfig, GRPOTrainer
 
@@ -237,6 +238,7 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
+@pytest.mark.slow
 def test_readme_trl_example_trains_on_the_cpu(one_thread, tmp_path, monkeypatch):
     """The README's TRL example as written but for its sizes and the model (the tiny one with a
     chat template that renders tools, in a folder as the example expects)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+import envhub
 from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixture)
 
 from envhub.chat import end_of_turn_ids, stop_token_ids
@@ -273,8 +275,12 @@ def test_context_budget_ends_the_episode_truncated():
 
 def test_batch_metrics_by_hand():
     def trajectory(group: int, rewards: list[float], valid: list[bool], success: bool) -> Trajectory:
-        t = Trajectory("x/Y-v0", group, 0, 0, 0, success=success)
-        t.turns = [Turn(i, "u", "o", "r", None, r, r, v, v, "s", "s") for i, (r, v) in enumerate(zip(rewards, valid))]
+        t = Trajectory(env_id="x/Y-v0", group_id=group, member=0, seed=0, index=0, success=success)
+        t.turns = [
+            Turn(index=i, user="u", observation="o", reply="r", action=None, reward=r, env_reward=r, action_is_valid=v,
+                 format_valid=v, state_key="s", next_state_key="s")
+            for i, (r, v) in enumerate(zip(rewards, valid))
+        ]
         return t
 
     batch = [
@@ -362,3 +368,20 @@ def test_noisy_expert_takes_random_legal_moves_as_often_as_asked():
     assert noisy == actions(ExpertGenerator(epsilon=0.4, seed=5))  # seeded
     with pytest.raises(ValueError, match="between 0 and 1"):
         ExpertGenerator(epsilon=1.5)
+
+
+def test_turns_and_their_friends_are_built_with_keywords_only():
+    """Twenty positional fields are easy to misorder silently; a positional call is a TypeError."""
+    from envhub.executors import EnvState, ResetRequest, StepRequest
+    from envhub.trajectory import Sample
+
+    for cls, args in [
+        (Turn, (0, "u", "o", "r", None, 0.0, 0.0, True, True, "s", "s")),
+        (Trajectory, ("x/Y-v0", 0, 0, 0, 0)),
+        (Sample, ([], [], [], [], [], 0, 0)),
+        (ResetRequest, (0, envhub.spec("frozenlake/FrozenLake-v0"), 0)),
+        (StepRequest, ([0], ["Down"], None)),
+        (EnvState, ("an observation",)),
+    ]:
+        with pytest.raises(TypeError, match="positional"):
+            cls(*args)

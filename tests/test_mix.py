@@ -233,6 +233,7 @@ def mix_run(tiny, tmp_path_factory):
     return spied_run(tiny, _config(tmp_path_factory.mktemp("mix"), advantage_norm_scope="env"))
 
 
+@pytest.mark.slow
 def test_each_group_of_a_mix_is_one_env_played_by_the_managers_groups(mix_run):
     _, batches = mix_run
     for batch in batches:
@@ -247,6 +248,7 @@ def test_each_group_of_a_mix_is_one_env_played_by_the_managers_groups(mix_run):
         assert "Row " in trajectories[0].turns[0].user  # the lake's local view
 
 
+@pytest.mark.slow
 def test_a_mix_logs_each_envs_metrics(mix_run):
     trainer, _ = mix_run
     logged = [entry for entry in trainer.state.log_history if "env/success_rate" in entry]
@@ -258,6 +260,7 @@ def test_a_mix_logs_each_envs_metrics(mix_run):
         assert entry[f"env/{SOKOBAN}/mean_turns"] <= 3
 
 
+@pytest.mark.slow
 def test_a_curriculum_advances_in_training_and_the_manager_plays_the_new_stage(tiny, tmp_path, capsys):
     config = _config(
         tmp_path, max_steps=3,
@@ -277,6 +280,7 @@ def test_a_curriculum_advances_in_training_and_the_manager_plays_the_new_stage(t
     assert "curriculum: stage 2 of 2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_command_reports_held_out_results_per_env(tmp_path):
     """examples/mix.yaml (two envs, per-env normalisation, a curriculum), cut short."""
     from pathlib import Path

@@ -346,3 +346,70 @@ def test_a_plugin_that_fails_partway_keeps_none_of_its_ids(host_with):
     info = host.infos["fake-half"]
     assert info.error.startswith("RuntimeError: failed after one registration") and info.env_ids == []
     assert "half/Echo-v0" not in envhub.registry
+
+
+# ------------------------------------------------------------------------------------ lazy loading
+
+_PLUGIN_MODULES = "[m for m in sys.modules if m.endswith('.plugin') and m != 'envhub.plugins']"
+
+
+def _python(code: str) -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+
+
+def test_import_envhub_imports_no_plugin():
+    assert _python(f"import envhub, sys; print({_PLUGIN_MODULES})") == "[]"
+
+
+def test_making_an_env_loads_only_the_plugin_of_its_namespace_and_listing_loads_all():
+    code = (
+        "import envhub, sys; envhub.make('frozenlake/FrozenLake-v0');"
+        f"print(sorted({_PLUGIN_MODULES})); envhub.registry.values(); print('envhub_sokoban.plugin' in sys.modules)"
+    )
+    first, after_listing = _python(code).splitlines()
+    assert first == "['envhub_frozenlake.plugin']" and after_listing == "True"
+
+
+def test_entry_points_are_read_once_by_a_namespace_load_and_the_full_load(monkeypatch):
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    scans = []
+    points = _points(("aaa_impostor", "aaa_impostor", "aaa-impostor"), ("fakens", "fake_owner", "envhub-fakens"))
+    monkeypatch.setattr(plugins, "_entry_points", lambda: scans.append(1) or points())
+    host = plugins.PluginHost()
+    try:
+        host.load_namespace("fakens")
+        assert list(host.infos) == ["envhub-fakens"]  # only the owner of the namespace
+        host.load()
+        assert len(scans) == 1 and set(host.infos) == {"envhub-fakens", "aaa-impostor", *plugins.DEFAULT_PLUGINS}
+    finally:
+        for name in list(host.infos):
+            host.remove(name)
+
+
+def test_who_registers_first_in_an_unowned_namespace_does_not_depend_on_what_loaded_early(monkeypatch):
+    """envhub-fakens loads early (an id of fakens/ was made) and also registers aaa/Echo-v0; at the
+    full load, aaa-impostor, first in load order, still takes the unowned aaa/ namespace."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    points = _points(("aaa_impostor", "aaa_impostor", "aaa-impostor"), ("fakens", "fake_owner_elsewhere", "envhub-fakens"))
+    monkeypatch.setattr(plugins, "_entry_points", points)
+    hosts = []
+    try:
+        for early in (True, False):
+            host = plugins.PluginHost()
+            hosts.append(host)
+            if early:
+                host.load_namespace("fakens")
+                assert host.infos["envhub-fakens"].env_ids == ["fakens/Echo-v0"]  # aaa/ waits for the full load
+            host.load()
+            assert host.infos["aaa-impostor"].env_ids == ["aaa/Echo-v0"]
+            assert host.infos["envhub-fakens"].env_ids == ["fakens/Echo-v0"]
+            assert any("namespace 'aaa' belongs to aaa-impostor" in c for c in host.infos["envhub-fakens"].conflicts)
+            for name in list(host.infos):
+                host.remove(name)
+    finally:
+        for host in hosts:
+            for name in list(host.infos):
+                host.remove(name)

@@ -4,6 +4,8 @@ import importlib
 import re
 from pathlib import Path
 
+import pytest
+
 import envhub
 from envhub import plugins
 from envhub.checker import check_env
@@ -39,6 +41,7 @@ def test_readme_plugin_pyproject_is_whole():
     assert project["project"]["entry-points"]["envhub"] == {"mine": "my_envs.plugin"}
 
 
+@pytest.mark.slow
 def test_readme_training_example_runs_on_the_cpu(tmp_path, monkeypatch):
     """The README's Python training example, as written but for its sizes (one step of 2 x 2
     episodes) and the model (the tiny one, in a folder as the example expects)."""

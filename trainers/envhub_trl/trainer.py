@@ -58,7 +58,7 @@ from envhub_trl.curriculum import CurriculumState
 from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
 from envhub_trl.estimators import NEEDS, TurnBatch
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
-from envhub_trl.generators import HFGenerator, VLLMGenerator, VLLMServerGenerator
+from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.metrics import rollout_metrics
 from envhub_trl.mix import EnvEntry, group_env_ids
 from envhub_trl import run_state
@@ -92,9 +92,10 @@ class EnvGRPOTrainer(GRPOTrainer):
         callbacks: extra ``TrainerCallback`` objects.
         optimizers: ``(optimizer, scheduler)``, as for ``transformers.Trainer``.
         peft_config: a PEFT config to train an adapter.
-        generator: a generator to sample with instead of ``args.generator``. If it has a
-            ``load_weights(model)`` method it gets the trained weights after every optimizer step;
-            otherwise it samples with whatever weights it holds.
+        generator: a generator to sample with instead of ``args.generator``. Its capabilities
+            (:func:`~envhub_trl.generators.capabilities_of`) say how it gets the trained weights:
+            one with its own copy (a ``load_weights(model)`` method) gets them after every
+            optimizer step; otherwise it samples with whatever weights it holds.
     """
 
     def __init__(
@@ -164,15 +165,16 @@ class EnvGRPOTrainer(GRPOTrainer):
     def generator(self) -> Generator:
         """The generator of ``args.generator``, holding the current weights of the trained model.
 
-        A generator with its own copy of the weights (one with a ``load_weights(model)`` method:
-        in-process vLLM, a vLLM server) is refreshed once per optimizer step; with a server, only
-        the main process sends the weights, and every process waits for it.
+        A generator with its own copy of the weights (weight sync ``local``: in-process vLLM) is
+        refreshed once per optimizer step; with a server (``server``), only the main process sends
+        the weights, and every process waits for it.
         """
         model = self.accelerator.unwrap_model(self.model)
         if self._generator is None:
             self._generator = self._build_generator(model)
-        if hasattr(self._generator, "load_weights") and self._synced_step != self.state.global_step:
-            if isinstance(self._generator, VLLMServerGenerator):
+        sync = capabilities_of(self._generator).weight_sync
+        if sync in ("local", "server") and self._synced_step != self.state.global_step:
+            if sync == "server":
                 if self.accelerator.is_main_process:
                     self._generator.load_weights(model)
                 self.accelerator.wait_for_everyone()
@@ -188,23 +190,12 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._synced_step = -1
 
     def _build_generator(self, model: Any) -> Generator:
-        kwargs = dict(self.args.generator_kwargs or {})
-        if self.args.generator == "hf":
-            return HFGenerator(model, self.processing_class, **kwargs)
-        if self.args.generator == "vllm-server":
-            kwargs.setdefault("weights_dir", Path(self.args.output_dir) / "vllm-server-weights")
-            kwargs.setdefault("stop_token_ids", stop_token_ids(self.processing_class))
-            return VLLMServerGenerator(self.args.vllm_server_url, **kwargs)
-        folder = Path(self.args.output_dir) / "vllm-initial-weights"
-        model.save_pretrained(folder)
-        self.processing_class.save_pretrained(folder)
-        kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
-        # What the run needs: the longest prompt plus a reply (the model's own limit caps it).
-        if self.args.max_prompt_tokens is not None:
-            kwargs.setdefault("max_model_len", self.args.max_prompt_tokens + self.args.max_turn_tokens + 1)
-        engine = VLLMGenerator(folder, seed=self.args.seed, **kwargs)
-        self._synced_step = self.state.global_step  # it starts from the current weights
-        return engine
+        """``args.generator``'s registered backend, built for this model and run."""
+        chosen = backend(self.args.generator)
+        generator = chosen.build(model, self.processing_class, self.args, **dict(self.args.generator_kwargs or {}))
+        if chosen.in_sync_when_built:
+            self._synced_step = self.state.global_step  # it starts from the current weights
+        return generator
 
     def _manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
         """The manager for this process's rows of a generation batch (their env seeds, in order)
@@ -365,20 +356,23 @@ class EnvGRPOTrainer(GRPOTrainer):
         """The producer: its own generator (HF: a copy of the model; vLLM: the engine, which only
         it touches while training runs) and its own manager; batch ``b``'s groups are seeded from
         ``(seed, b)``, the same on every process, each process playing its rows' share."""
-        if isinstance(self._generator, HFGenerator) or (self._generator is None and self.args.generator == "hf"):
-            # A fresh model of the same config with the weights, not a deepcopy: a copy would carry
-            # whatever the trainer has patched onto the training model at this moment.
+        generator = self.generator
+        sync = capabilities_of(generator).weight_sync
+        if sync == "shared":
+            # It samples with the trained model object, which trains meanwhile: the producer gets a
+            # fresh model of the same config with the weights, not a deepcopy (a copy would carry
+            # whatever the trainer has patched onto the training model at this moment).
             copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
             copy_of_model.load_state_dict(model.state_dict())
             copy_of_model.generation_config = copy.deepcopy(model.generation_config)
-            generator = HFGenerator(copy_of_model, self.processing_class, **dict(self.args.generator_kwargs or {}))
+            generator = generator.with_model(copy_of_model)
             load = copy_of_model.load_state_dict
-        else:
+        elif sync == "local":
             # vLLM's engine (only the producer touches it while training runs), or a generator the
-            # caller gave, which gets the posted weights if it can take them.
-            generator = self.generator
-            takes_weights = callable(getattr(generator, "load_weights", None))
-            load = (lambda snapshot: generator.load_weights(_Snapshot(snapshot))) if takes_weights else (lambda snapshot: None)
+            # caller gave that takes the posted weights.
+            load = lambda snapshot: generator.load_weights(_Snapshot(snapshot))  # noqa: E731
+        else:
+            load = lambda snapshot: None  # noqa: E731  (its weights never change)
         groups = self.args.generation_batch_size // group_size
         offset = self.accelerator.process_index * rows
 

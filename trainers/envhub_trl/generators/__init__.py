@@ -1,8 +1,9 @@
 """Model-backed generators: transformers ``generate``, in-process vLLM, and a ``vllm serve`` client.
 
 Each implements :class:`envhub.generation.Generator`: token-id prompts in, completion token ids,
-their sampling logprobs, text and finish reason out. vLLM is imported only when a vLLM generator
-is built.
+their sampling logprobs, text and finish reason out, and registers itself as a backend under its
+name, declaring its capabilities (:mod:`envhub_trl.generators.registry`). vLLM is imported only
+when a vLLM generator is built.
 """
 
 from collections.abc import Sequence
@@ -12,18 +13,28 @@ from envhub.generation import Generator
 from envhub_trl.generators.hf import HFGenerator
 from envhub_trl.generators.vllm_engine import VLLMGenerator
 from envhub_trl.generators.vllm_server import VLLMServerGenerator
+from envhub_trl.generators.registry import BACKENDS, Capabilities, backend, capabilities_of, register_generator
 
-__all__ = ["HFGenerator", "VLLMGenerator", "VLLMServerGenerator", "make_generator"]
+__all__ = [
+    "BACKENDS",
+    "Capabilities",
+    "HFGenerator",
+    "VLLMGenerator",
+    "VLLMServerGenerator",
+    "backend",
+    "capabilities_of",
+    "make_generator",
+    "register_generator",
+]
 
 
 def make_generator(kind: str, model: str, env_ids: Sequence[str] | None = None, seed: int = 0, **kwargs: Any) -> Generator:
-    """Build the generator ``kind`` (``"hf"`` or ``"vllm"``) for ``model``: ``tiny``, ``smollm2-135m``,
-    a folder or a hub id (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach)."""
+    """Build the generator backend ``kind`` (``"hf"``, ``"vllm"``, or any registered one that can
+    load a folder) for ``model``: ``tiny``, ``smollm2-135m``, a folder or a hub id
+    (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach)."""
     from envhub_trl.models import resolve_model
 
-    if kind not in ("hf", "vllm"):
-        raise ValueError(f"unknown generator {kind!r}; choose hf or vllm")
-    path = resolve_model(model, env_ids, seed)
-    if kind == "hf":
-        return HFGenerator.from_pretrained(path, **kwargs)
-    return VLLMGenerator(path, **kwargs)
+    loaders = sorted(name for name, b in BACKENDS.items() if b.from_path is not None)
+    if kind not in loaders:
+        raise ValueError(f"generator {kind!r} cannot load a model folder; choose one of {', '.join(loaders)}")
+    return backend(kind).from_path(resolve_model(model, env_ids, seed), **kwargs)

@@ -10,6 +10,7 @@ import torch
 
 from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams
+from envhub_trl.generators.registry import Capabilities, register_generator
 
 
 class HFGenerator:
@@ -31,6 +32,9 @@ class HFGenerator:
             tokens that end a reply come: :func:`envhub.chat.stop_token_ids`).
         batch_size: prompts per ``generate`` call.
     """
+
+    #: It samples with the model object it is given (the trained one: nothing to sync).
+    capabilities = Capabilities(weight_sync="shared", per_request_seeds=True, logprobs=True)
 
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 64):
         if batch_size < 1:
@@ -55,6 +59,10 @@ class HFGenerator:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model, tokenizer, batch_size)
+
+    def with_model(self, model: Any) -> HFGenerator:
+        """The same generator over another model object (an async producer's own copy of the weights)."""
+        return HFGenerator(model, self.tokenizer, self.batch_size)
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """Return one completion per prompt, in order."""
@@ -174,3 +182,9 @@ class _RowSeededSampler:
         uniform = torch.stack([torch.rand(vocab, generator=g) if g is not None else torch.rand(vocab) for g in self.generators])
         gumbel = -torch.log(-torch.log(uniform.clamp_(min=1e-20, max=1.0 - 1e-7)))
         return processed.log_softmax(dim=-1) + gumbel.to(processed.device)
+
+
+@register_generator("hf", from_path=HFGenerator.from_pretrained)
+def build_hf(model: Any, tokenizer: Any, args: Any, **kwargs: Any) -> HFGenerator:
+    """The trainer's ``hf`` generator: transformers ``generate`` on the trained model itself."""
+    return HFGenerator(model, tokenizer, **kwargs)

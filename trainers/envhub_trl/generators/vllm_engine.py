@@ -10,6 +10,7 @@ from typing import Any
 
 from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
+from envhub_trl.generators.registry import Capabilities, register_generator
 
 
 def model_context_limit(model: str | Path) -> int | None:
@@ -56,6 +57,9 @@ class VLLMGenerator:
     admitted only when its prompt fits the step's token budget beside the running requests, so it
     too is prefilled in one piece.
     """
+
+    #: Its own copy of the weights, refreshed in this process by :meth:`load_weights`.
+    capabilities = Capabilities(weight_sync="local", per_request_seeds=True, logprobs=True)
 
     def __init__(
         self,
@@ -212,3 +216,17 @@ class VLLMGenerator:
         weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+
+
+@register_generator("vllm", from_path=VLLMGenerator, in_sync_when_built=True)
+def build_vllm(model: Any, tokenizer: Any, args: Any, **kwargs: Any) -> VLLMGenerator:
+    """The trainer's ``vllm`` generator: an in-process engine loaded from the model's current weights
+    (saved under ``output_dir``), its context what the run needs."""
+    folder = Path(args.output_dir) / "vllm-initial-weights"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
+    # What the run needs: the longest prompt plus a reply (the model's own limit caps it).
+    if args.max_prompt_tokens is not None:
+        kwargs.setdefault("max_model_len", args.max_prompt_tokens + args.max_turn_tokens + 1)
+    return VLLMGenerator(folder, seed=args.seed, **kwargs)

@@ -19,8 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from envhub.chat import stop_token_ids as end_of_reply_ids
 from envhub.error import EnvhubError
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
+from envhub_trl.generators.registry import Capabilities, register_generator
 
 
 class ServerError(EnvhubError):
@@ -54,6 +56,9 @@ class VLLMServerGenerator:
             :func:`envhub.chat.stop_token_ids` of the model's tokenizer, since a reply's turn may
             end with a token other than eos (the trainer does).
     """
+
+    #: The server's copy of the weights, refreshed by :meth:`load_weights` from one process.
+    capabilities = Capabilities(weight_sync="server", per_request_seeds=True, logprobs=True)
 
     def __init__(
         self,
@@ -167,3 +172,12 @@ def save_checkpoint(model: Any, folder: Path) -> None:
         tensors[name] = tensor.clone().contiguous() if key in seen else tensor.contiguous()
         seen.add(key)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@register_generator("vllm-server", needs_server_url=True)
+def build_vllm_server(model: Any, tokenizer: Any, args: Any, **kwargs: Any) -> VLLMServerGenerator:
+    """The trainer's ``vllm-server`` generator: a client of the server at ``args.vllm_server_url``,
+    writing weights under ``output_dir``, stopping where the chat template ends a turn."""
+    kwargs.setdefault("weights_dir", Path(args.output_dir) / "vllm-server-weights")
+    kwargs.setdefault("stop_token_ids", end_of_reply_ids(tokenizer))
+    return VLLMServerGenerator(args.vllm_server_url, **kwargs)

@@ -1,0 +1,120 @@
+"""Generator backends as plug-ins: registered by name, with declared capabilities the trainer asks
+for instead of testing classes (envhub_trl.generators.registry)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from envhub.generation import ExpertGenerator  # noqa: E402
+from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.generators import (  # noqa: E402
+    BACKENDS,
+    Capabilities,
+    HFGenerator,
+    VLLMGenerator,
+    VLLMServerGenerator,
+    capabilities_of,
+    make_generator,
+    register_generator,
+)
+from trl_helpers import save_tiny_lake_model  # noqa: E402
+
+LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
+
+
+def _config(tmp_path, **overrides) -> EnvGRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path), env_id=LAKE, max_turns=2, groups_per_step=2, group_size=2, per_device_train_batch_size=4,
+        max_steps=1, max_turn_tokens=8, report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True, seed=3,
+    )
+    values.update(overrides)
+    return EnvGRPOConfig(**values)
+
+
+def test_the_shipped_backends_are_registered_with_their_capabilities():
+    assert {"hf", "vllm", "vllm-server"} <= set(BACKENDS)
+    assert HFGenerator.capabilities.weight_sync == "shared"
+    assert VLLMGenerator.capabilities.weight_sync == "local"
+    assert VLLMServerGenerator.capabilities.weight_sync == "server"
+    assert all(g.capabilities.per_request_seeds and g.capabilities.logprobs for g in (HFGenerator, VLLMGenerator, VLLMServerGenerator))
+    assert BACKENDS["vllm-server"].needs_server_url and not BACKENDS["vllm"].needs_server_url
+    assert BACKENDS["vllm"].in_sync_when_built and BACKENDS["vllm-server"].from_path is None
+
+
+def test_a_generator_without_declared_capabilities_is_read_from_its_methods():
+    class TakesWeights:
+        def load_weights(self, model):
+            pass
+
+    assert capabilities_of(TakesWeights()).weight_sync == "local"
+    assert capabilities_of(ExpertGenerator()) == Capabilities(weight_sync="none", per_request_seeds=False, logprobs=True)
+
+
+def test_a_backend_name_is_taken_once_and_an_unknown_one_is_named():
+    with pytest.raises(ValueError, match="already registered"):
+        register_generator("hf")(lambda model, tokenizer, args: None)
+    with pytest.raises(ValueError, match=r"generator must be one of .*'hf'.*registered backends\), got 'nope'"):
+        _config("unused", generator="nope")
+    with pytest.raises(ValueError, match="cannot load a model folder; choose one of hf, vllm"):
+        make_generator("vllm-server", "tiny")
+
+
+@pytest.fixture
+def scripted_backend():
+    """A backend added by a plug-in: one registration, a scripted policy whose weights never change."""
+
+    class Scripted(ExpertGenerator):
+        capabilities = Capabilities(weight_sync="none", per_request_seeds=False, logprobs=False)
+        built_with = None
+
+        def load_weights(self, model):  # declared "none": the trainer must never call it
+            raise AssertionError("a generator declaring weight_sync='none' got weights")
+
+    @register_generator("scripted")
+    def build(model, tokenizer, args, **kwargs):
+        generator = Scripted(tokenizer=tokenizer)
+        generator.built_with = kwargs
+        return generator
+
+    yield Scripted
+    BACKENDS.pop("scripted")
+
+
+def test_a_registered_backend_is_built_by_name_and_synced_by_its_capabilities(scripted_backend, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = save_tiny_lake_model(tmp_path / "model")
+    config = _config(tmp_path / "out", generator="scripted", generator_kwargs={"note": 1})
+    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
+    generator = trainer.generator
+    assert isinstance(generator, scripted_backend) and generator.built_with == {"note": 1}
+    trainer.state.global_step += 1  # a new optimizer step: "none" still gets no weights
+    assert trainer.generator is generator
+
+
+def test_a_locally_synced_generator_gets_the_weights_once_per_step(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    class Copying(ExpertGenerator):
+        capabilities = Capabilities(weight_sync="local", per_request_seeds=False, logprobs=True)
+        loads = 0
+
+        def load_weights(self, model):
+            Copying.loads += 1
+
+    path, tokenizer = save_tiny_lake_model(tmp_path / "model")
+    trainer = EnvGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path), _config(tmp_path / "out"), processing_class=tokenizer, generator=Copying(tokenizer=tokenizer)
+    )
+    trainer.generator, trainer.generator
+    assert Copying.loads == 1
+    trainer.state.global_step += 1
+    trainer.generator
+    assert Copying.loads == 2
