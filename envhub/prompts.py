@@ -54,11 +54,11 @@ class PromptSettings:
     system_prompt: str | None = None
     action_format: str | None = None
     show_legal_actions: bool = True
-    show_turns: bool = True
     max_prompt_tokens: int | None = 2048
     history_turns: int = 2
     format_penalty: float = 0.0
     unfinished_replies: str = "parse"
+    show_turns: bool = True  # last: positional construction of the older fields keeps working
 
     def __post_init__(self) -> None:
         if self.unfinished_replies not in UNFINISHED_REPLIES:
