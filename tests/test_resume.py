@@ -247,7 +247,7 @@ def test_train_command_refuses_what_it_cannot_resume_in_one_line(tmp_path, args,
 
 CLI_CONFIG = (
     "max_turns: 3\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 2\nmax_steps: 3\nmax_turn_tokens: 6\n"
-    "eval_episodes: 2\neval_steps: 1\nsave_strategy: steps\nsave_steps: 1\nlogging_steps: 1\ndisable_tqdm: true\nseed: 5\n"
+    "eval_episodes: 2\neval_sampled: true\neval_steps: 1\nsave_strategy: steps\nsave_steps: 1\nlogging_steps: 1\ndisable_tqdm: true\nseed: 5\n"
     "learning_rate: 0.01\nformat_penalty: -0.1\nwarm_start: {steps: 2, episodes: 4, learning_rate: 0.01}\n"
 )
 
