@@ -150,9 +150,9 @@ class WarmStart:
     Attributes:
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
-        learning_rate: the AdamW learning rate. At 1e-3 the tiny model fell, at one training seed
-            of two, into fitting the moves to the turn number and never read its view; 3e-4
-            read at both (validation seeds, see the README's "Learning results").
+        learning_rate: the AdamW learning rate. At 1e-3 the tiny model fitted the moves to the
+            turn number at training seed 1 and never read its view; 3e-4 read at seeds 0 and 1,
+            not at seed 2 (validation seeds, see the README's "Learning results").
         batch_size: samples per step.
         epsilon: the probability that the demonstrator takes a uniformly random legal move instead
             of the expert's; such moves are played, not imitated (:func:`expert_samples`). A model
@@ -228,7 +228,7 @@ class WarmStart:
         self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, reply_tokens: int = 64, **manager_kwargs: Any
     ) -> list[float]:
         """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
-        returns each step's loss (empty when ``steps`` is 0). ``reply_tokens`` bounds the model's
+        returns each step's loss (empty when it is not :attr:`active`). ``reply_tokens`` bounds the model's
         replies when it plays (DAgger rounds): the run's ``max_turn_tokens``."""
         return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed, reply_tokens)
 
@@ -255,12 +255,13 @@ class WarmStart:
         optimizer = torch.optim.AdamW(model.parameters(), lr=self.learning_rate)
         train = dict(batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer)
         losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
-        for round_ in range(self.dagger_rounds):
+        if self.dagger_rounds:
             from envhub_trl.generators.hf import HFGenerator
 
+            student = HFGenerator(model, tokenizer, batch_size=max(64, self.dagger_episodes))
+        for round_ in range(self.dagger_rounds):
             # Fresh training seeds each round, after the demonstrations' (all below the held-out offset).
             first = self.episodes + round_ * self.dagger_episodes
-            student = HFGenerator(model, tokenizer, batch_size=max(64, self.dagger_episodes))
             played = []
             for env_id, manager_kwargs in envs:
                 labelled, trajectories = relabelled_samples(
