@@ -25,7 +25,7 @@ from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E40
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings, TurnBatch  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
-from trl_helpers import HalfExpert, spied_run  # noqa: E402
+from trl_helpers import HalfExpert, lake_config, spied_run  # noqa: E402
 from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
@@ -33,13 +33,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _config(tmp_path, **overrides) -> EnvGRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path), env_id=LAKE, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
-        max_steps=2, max_turn_tokens=8, logging_steps=1, report_to="none", learning_rate=1e-3, use_cpu=True,
-        save_strategy="no", disable_tqdm=True, seed=3,
-    )
-    values.update(overrides)
-    return EnvGRPOConfig(**values)
+    return lake_config(tmp_path, **overrides)
 
 
 @pytest.fixture(scope="module")

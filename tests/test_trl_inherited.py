@@ -15,19 +15,13 @@ pytest.importorskip("trl")
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.estimators import TurnBatch, estimate  # noqa: E402
 from envhub_trl.inherited import HONOURED, REFUSED  # noqa: E402
-from trl_helpers import HalfExpert, save_tiny_lake_model  # noqa: E402
+from trl_helpers import HalfExpert, lake_config, save_tiny_lake_model  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
 
 
 def _config(tmp_path, **overrides) -> EnvGRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path), env_id=LAKE, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
-        max_steps=1, max_turn_tokens=8, logging_steps=1, report_to="none", learning_rate=1e-3, use_cpu=True,
-        save_strategy="no", disable_tqdm=True, seed=3,
-    )
-    values.update(overrides)
-    return EnvGRPOConfig(**values)
+    return lake_config(tmp_path, **{"max_steps": 1, **overrides})
 
 
 #: A value other than TRL's default for every refused field.

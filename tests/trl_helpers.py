@@ -23,6 +23,19 @@ class HalfExpert:
         return out
 
 
+def lake_config(tmp_path, **overrides):
+    """A small GRPO config on the non-slippery FrozenLake, on the CPU (``overrides`` replace its fields)."""
+    from envhub_trl.config import EnvGRPOConfig
+
+    values = dict(
+        output_dir=str(tmp_path), env_id="frozenlake/FrozenLakeNotSlippery-v0", max_turns=4, groups_per_step=2, group_size=4,
+        per_device_train_batch_size=8, max_steps=2, max_turn_tokens=8, logging_steps=1, report_to="none", learning_rate=1e-3,
+        use_cpu=True, save_strategy="no", disable_tqdm=True, seed=3,
+    )
+    values.update(overrides)
+    return EnvGRPOConfig(**values)
+
+
 def save_tiny_lake_model(path):
     """The tiny model and a tokenizer fitted to FrozenLake's text, saved at ``path``; returns ``(path, tokenizer)``."""
     from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
