@@ -11,7 +11,7 @@ Usage:
     python bench/warm_start_seeds.py --seeds 0 1 2 3 4 --set show_turns=false \\
         --warm-start '{"episodes": 1024, "steps": 300, "learning_rate": 3e-4}'
 
-Writes bench/results/warm_start_seeds.json (appending runs is left to the caller: one file per call).
+Writes bench/results/warm_start_seeds.json (or ``--out``; one file per call).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a config value.")
     parser.add_argument("--warm-start", default="{}", help="JSON of WarmStart fields over the config's warm_start.")
     parser.add_argument("--episodes", type=int, default=256, help="Validation episodes per seed.")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "warm_start_seeds.json"), help="Where to write the figures.")
     args = parser.parse_args()
     values = apply_overrides(read_yaml_mapping(args.config), args.set)
     warm_start = WarmStart.from_mapping({**(values.pop("warm_start", None) or {}), **json.loads(args.warm_start)})
@@ -74,8 +75,8 @@ def main() -> None:
               f"warm start {run['warm_start_seconds']:.0f} s)", flush=True)
     rates = [r["success_rate"] for r in runs]
     print(f"  mean {sum(rates) / len(rates):.1%}, lowest {min(rates):.1%}")
-    out = ROOT / "bench" / "results" / "warm_start_seeds.json"
-    out.parent.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": args.config, "overrides": args.set, "warm_start": warm_start.__dict__, "runs": runs}, indent=2) + "\n")
 
 

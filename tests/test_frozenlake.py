@@ -158,3 +158,69 @@ def test_local_view_passes_the_checker():
 def test_unknown_view_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="grid\\+local"):
         FrozenLakeTextEnv(view="map")
+
+
+def _play_expert(env: FrozenLakeTextEnv, seed: int, desc: list[str] | None = None) -> tuple[list[str], bool]:
+    env.reset(seed=seed, options={"desc": desc} if desc else None)
+    actions, done, info = [], False, {}
+    while not done:
+        actions.append(env.expert_action())
+        *_, terminated, truncated, info = env.step(actions[-1])
+        done = terminated or truncated
+    return actions, bool(info["success"])
+
+
+def test_view_expert_moves_depend_only_on_tiles_the_player_has_seen():
+    """Change a tile the player never saw: the view expert plays the same moves; the map expert may not."""
+    env = FrozenLakeTextEnv(is_slippery=False, view="local", expert="view")
+    env.max_turns = 8
+    changed = 0
+    for seed in range(40):
+        actions, _ = _play_expert(env, seed)
+        seen = {cell for cell, _ in env._seen}
+        desc = [list(row) for row in env.desc]
+        for r, c in [(r, c) for r in range(4) for c in range(4) if (r, c) not in seen and desc[r][c] in "FH"]:
+            desc[r][c] = "H" if desc[r][c] == "F" else "F"
+            other = ["".join(row) for row in desc]
+            if planner_has_path(other):
+                assert _play_expert(env, seed, other)[0] == actions, (seed, other)
+                changed += 1
+            desc[r][c] = "H" if desc[r][c] == "F" else "F"
+    assert changed > 20
+
+
+def planner_has_path(desc: list[str]) -> bool:
+    from envhub_frozenlake.view_planning import _has_path
+
+    return _has_path(np.array([[ch == "H" for ch in row] for row in desc]))
+
+
+def test_view_expert_wins_what_its_belief_mdp_promises():
+    """On 3x3 random maps (128 boards), the view expert's exact prior-weighted success equals the
+    planner's optimum, which lies between the memoryless level and the full-map expert's 1."""
+    from envhub_frozenlake.view_planning import ViewPlanner
+
+    planner = ViewPlanner(3, 0.8)
+    env = FrozenLakeTextEnv(size=3, is_slippery=False, view="local", expert="view")
+    env.max_turns = 5
+    won = 0.0
+    for hole, weight in zip(planner.hole, planner.weight):
+        desc = ["".join("G" if (r, c) == (2, 2) else "S" if (r, c) == (0, 0) else "H" if hole[r, c] else "F" for c in range(3)) for r in range(3)]
+        won += weight * _play_expert(env, 0, desc)[1]
+    assert won == pytest.approx(planner.success_probability(5), abs=1e-9)
+    assert 0.8 < won < 1.0
+
+
+def test_view_expert_is_refused_where_it_cannot_plan():
+    with pytest.raises(ValueError, match="unknown expert"):
+        FrozenLakeTextEnv(expert="oracle")
+    for kwargs in ({"is_slippery": True}, {"map_name": "4x4", "is_slippery": False}, {"size": 5, "is_slippery": False}):
+        with pytest.raises(ValueError, match="expert='view'"):
+            FrozenLakeTextEnv(expert="view", **kwargs)
+
+
+def test_local_view_with_the_view_expert_passes_the_checker():
+    from envhub.checker import check_env
+
+    report = check_env("frozenlake/FrozenLakeNotSlippery-v0", fuzz=100, view="local", expert="view")
+    assert report.ok, report.format()

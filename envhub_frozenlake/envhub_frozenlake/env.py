@@ -10,12 +10,16 @@ from gymnasium.envs.toy_text.frozen_lake import MAPS, FrozenLakeEnv, generate_ra
 
 from envhub.core import DiscreteTextEnv
 from envhub_frozenlake.planning import UNLIMITED_HORIZON, best_action, optimal_success_probability, success_values
+from envhub_frozenlake.view_planning import MAX_SIZE, PLAN_HORIZON, view_planner
 
 #: How each map tile is drawn when the player is elsewhere.
 TILE_SYMBOLS = {"S": "_", "F": "_", "H": "O", "G": "G"}
 PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "P", "X", "√"
 #: Observation views: the whole grid, what lies one step away in each direction, or both.
 VIEWS = ("grid", "local", "grid+local")
+#: Whose moves ``expert_action`` gives: one who sees the whole map, or one who knows only what the
+#: player has seen (Bayes-optimal on random maps; see :mod:`envhub_frozenlake.view_planning`).
+EXPERTS = ("map", "view")
 #: How the local view names a neighbouring tile.
 TILE_NAMES = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
 
@@ -50,6 +54,11 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
             ``"local"`` (the player's row and column, and what lies one step Left, Down, Right
             and Up: ice, hole, goal or edge) or ``"grid+local"`` (both). The state, the dynamics
             and ``state_key`` are the same in every view.
+        expert: whose moves :meth:`expert_action` gives. ``"map"`` (the default): the best move
+            knowing the whole map, which wins every map but cannot be imitated from the local view.
+            ``"view"``: the best move knowing only the tiles the player has seen, under the prior
+            of random maps (non-slippery random maps of side <= 4); imitating it is what a
+            model that sees the local view can learn exactly.
         render_mode: ``"ansi"`` or None.
     """
 
@@ -63,18 +72,27 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         desc: list[str] | None = None,
         map_name: str | None = None,
         view: str = "grid",
+        expert: str = "map",
         render_mode: str | None = None,
     ):
         super().__init__(render_mode=render_mode)
         if view not in VIEWS:
             raise ValueError(f"unknown view {view!r}; choose one of {VIEWS}")
+        if expert not in EXPERTS:
+            raise ValueError(f"unknown expert {expert!r}; choose one of {EXPERTS}")
+        if expert == "view" and (desc is not None or map_name is not None or is_slippery or not 2 <= size <= MAX_SIZE):
+            raise ValueError(
+                f"expert='view' plans over every random map, so it needs random maps (no desc or map_name), "
+                f"is_slippery=False and 2 <= size <= {MAX_SIZE}"
+            )
         if desc is None and map_name is not None:
             if map_name not in MAPS:
                 raise ValueError(f"unknown map_name {map_name!r}; choose one of {sorted(MAPS)} or pass desc")
             desc = MAPS[map_name]
         if desc is None and not (size >= 2 and 0.0 < p <= 1.0):
             raise ValueError(f"random maps need size >= 2 and 0 < p <= 1, got size={size}, p={p}")
-        self.size, self.p, self.is_slippery, self.view = size, p, is_slippery, view
+        self.size, self.p, self.is_slippery, self.view, self.expert = size, p, is_slippery, view, expert
+        self._seen: frozenset = frozenset()  # the tiles the player has seen, for the view expert
         self.fixed_desc = tuple(desc) if desc is not None else None
         self.desc: tuple[str, ...] = ()
         self._lake: FrozenLakeEnv | None = None
@@ -116,6 +134,8 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
             self._lake = FrozenLakeEnv(desc=list(desc), is_slippery=self.is_slippery)
             self._rows = ["".join(TILE_SYMBOLS[c] for c in row) for row in desc]
         self._lake.reset(seed=int(self.np_random.integers(2**31 - 1)))
+        self._seen = frozenset()
+        self._look()
         return self._draw(), {"map": "\n".join(desc)}
 
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -126,6 +146,7 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         step = (after[0] - before[0], after[1] - before[1])
         # Where the player went, which slippery ice can make another direction than the one chosen.
         moved = {(0, -1): "Left", (1, 0): "Down", (0, 1): "Right", (-1, 0): "Up"}.get(step, "nowhere")
+        self._look()
         return self._draw(), float(reward), bool(terminated), {"moved": moved}
 
     def state_key(self) -> str:
@@ -141,7 +162,12 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         return self._grid
 
     def expert_action(self) -> str:
-        """The move that maximises the chance of reaching the goal in the turns left."""
+        """The move that maximises the chance of reaching the goal in the turns left: knowing the
+        whole map (``expert="map"``) or only the tiles seen so far (``expert="view"``)."""
+        if self.expert == "view":
+            left = self.max_turns - self.turn if self.max_turns is not None else PLAN_HORIZON
+            planner = view_planner(self.size, self.p)
+            return self.action_names[planner.best_action(divmod(int(self._lake.s), self.size), left, self._seen)]
         horizon = self.max_turns if self.max_turns is not None else UNLIMITED_HORIZON
         q = _plan(self.desc, self.is_slippery, horizon)
         return self.action_names[best_action(q, int(self._lake.s), horizon - self.turn)]
@@ -156,6 +182,11 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
     def optimal_success_probability(self) -> float:
         """The best success probability any agent has on this map under this turn limit."""
         return optimal_success_probability(self.desc, self.is_slippery, self.max_turns)
+
+    def _look(self) -> None:
+        """Add the tiles next to the player to what it has seen (the view expert's belief)."""
+        if self.expert == "view":
+            self._seen = view_planner(self.size, self.p).observe(self._seen, divmod(int(self._lake.s), self.size), self.desc)
 
     def _draw(self) -> str:
         width = len(self.desc[0])
