@@ -1,0 +1,201 @@
+"""The trainer's stages (envhub_trl.pipeline) on generation batches built by hand, with no model."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from envhub.trajectory import Trajectory, Turn  # noqa: E402
+from envhub_trl import pipeline  # noqa: E402
+from envhub_trl.estimators import EstimatorSettings  # noqa: E402
+from envhub_trl.rollout_batch import RolloutError  # noqa: E402
+
+
+def episode(rewards, *, layout="trajectory", reply=2, between=1, keys=None, seed=0, env_id="test/Env-v0"):
+    """An episode with one turn per reward: each reply ``reply`` tokens, ``between`` environment
+    tokens before every turn after the first (trajectory layout) or a 3-token prompt per turn (step)."""
+    turns = []
+    for k, reward in enumerate(rewards):
+        prompt = [100 + k] * (3 if layout == "step" or k == 0 else between)
+        turns.append(
+            Turn(
+                index=k, user=f"u{k}", observation=f"o{k}", reply=f"r{k}", action="a", reward=reward, env_reward=reward,
+                action_is_valid=True, format_valid=True, state_key=(keys or [f"s{k}"] * len(rewards))[k], next_state_key="",
+                input_ids=prompt, completion_ids=[10 + k] * reply, logprobs=[-0.5] * reply,
+            )
+        )
+    return Trajectory(env_id=env_id, group_id=0, member=0, seed=seed, index=0, layout=layout, turns=turns, end_reason="terminated")
+
+
+def rows_for(local):
+    return [{"prompt": f"env seed {t.seed}", "env_seed": t.seed} for t in local]
+
+
+def test_the_pipeline_module_loads_no_trl_and_no_trainer():
+    code = (
+        "import sys, envhub_trl.pipeline; "
+        "assert not [m for m in sys.modules if m == 'trl' or m.startswith('trl.')], 'trl'; "
+        "assert 'transformers.trainer' not in sys.modules, 'transformers.Trainer'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gather_gives_global_indices_and_groups_and_marks_dropped_groups():
+    other = [dataclasses.replace(episode([1.0]), index=i, group_id=i // 2) for i in range(2)]  # process 0's, gathered already
+    own = [episode([0.0, 1.0]), episode([1.0])]  # process 1's: group 1, whose returns tie
+    batch = pipeline.gather(own, group_size=2, process_index=1, collect=lambda mine: other + mine, drop_tied=True)
+    assert [t.index for t in batch.local] == [2, 3] and [t.group_id for t in batch.local] == [1, 1]
+    assert [t.index for t in batch.episodes] == [0, 1, 2, 3]
+    np.testing.assert_array_equal(batch.turns.traj_groups, [0, 0, 1, 1])
+    np.testing.assert_array_equal(batch.turns.traj_index, [0, 1, 2, 2, 3])
+    np.testing.assert_array_equal(batch.keep, [False, False, False, False])  # every group ties
+    assert own[0].index == 0  # the played episodes are left as they were
+
+
+def test_gather_refuses_an_episode_without_a_turn():
+    empty = Trajectory(env_id="test/Env-v0", group_id=0, member=0, seed=7, index=0, end_reason="context")
+    with pytest.raises(RolloutError, match="seed 7.*max_prompt_tokens"):
+        pipeline.gather([episode([1.0]), empty], group_size=2)
+
+
+def test_the_batch_is_a_frozen_value_each_stage_returns_a_new_one():
+    batch = pipeline.gather([episode([1.0]), episode([0.0])], group_size=2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.keep = None
+    rows = pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory")
+    assert rows is not batch and batch.columns is None and rows.columns is not None
+
+
+def test_to_rows_trajectory_layout_masks_the_rows_of_dropped_groups():
+    local = [episode([1.0, 0.0]), episode([0.0]), episode([0.5]), episode([0.5])]
+    batch = pipeline.gather(local, group_size=2, drop_tied=True)
+    batch = pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory")
+    assert list(batch.rows) == rows_for(batch.local)
+    columns = batch.columns
+    assert columns["env_mask"][0] == [1, 1, 0, 1, 1]  # reply, environment token, reply
+    assert columns["turn_ids"][0] == [0, 0, 0, 1, 1]
+    assert columns["env_mask"][2] == [0, 0] and columns["env_mask"][3] == [0, 0]  # group 1 tied: dropped
+    assert columns["episode_return"] == [1.0, 0.0, 0.5, 0.5]
+    assert batch.row_keep == [True, True, False, False]
+
+
+def test_to_rows_step_layout_gives_a_row_per_turn_padded_to_what_trl_splits_evenly():
+    local = [episode([0.0, 1.0], layout="step", seed=4), episode([0.0], layout="step", seed=4)]
+    batch = pipeline.gather(local, group_size=2)
+    batch = pipeline.to_rows(
+        batch, rows_for(batch.local), layout="step", decode=lambda ids: " ".join(map(str, ids)), row_multiple=4,
+        most_rows=lambda count: count + 2,  # another process holds 5 rows
+    )
+    assert len(batch.rows) == len(batch.samples) == 8
+    assert [row["prompt"] for row in batch.rows[:3]] == ["100 100 100", "101 101 101", "100 100 100"]
+    assert all(row["env_seed"] == 4 for row in batch.rows)
+    assert [s.trajectory_index for s in batch.samples] == [0, 0, 1, -1, -1, -1, -1, -1]
+    assert [s.turn_index for s in batch.samples[:3]] == [0, 1, 0]
+    assert batch.columns["env_mask"][3:] == [[0, 0]] * 5
+    assert batch.columns["episode_return"] == [1.0, 1.0, 0.0] + [None] * 5
+    with pytest.raises(ValueError, match="layout"):
+        pipeline.to_rows(batch, [], layout="turn")
+
+
+def grpo_batch(layout="trajectory"):
+    local = [episode([1.0, 1.0], layout=layout), episode([0.0], layout=layout), episode([3.0], layout=layout), episode([1.0], layout=layout)]
+    batch = pipeline.gather(local, group_size=2)
+    return pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=str)
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_estimate_and_spread_put_each_episodes_grpo_advantage_on_its_model_tokens(layout):
+    batch = pipeline.spread(pipeline.estimate(grpo_batch(layout), "grpo"), width=6)
+    # Returns (2, 0) and (3, 1) in the two groups: each member 1 from its group's mean, over the unbiased std sqrt(2).
+    high = 1.0 / (np.sqrt(2.0) + 1e-6)
+    expected = {0: high, 1: -high, 2: high, 3: -high}
+    assert batch.advantages.shape == (len(batch.samples), 6)
+    for row, sample in enumerate(batch.samples):
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        np.testing.assert_allclose(batch.advantages[row, : len(mask)][mask], expected[sample.trajectory_index], rtol=1e-6)
+        assert not batch.advantages[row, len(mask) :].any()  # past the row's end
+    means = pipeline.row_advantage_means(batch)
+    np.testing.assert_allclose(means, [expected[s.trajectory_index] for s in batch.samples], rtol=1e-6)
+
+
+def test_estimate_zeroes_the_turns_of_dropped_groups():
+    local = [episode([1.0]), episode([0.0]), episode([1.0]), episode([1.0])]
+    batch = pipeline.gather(local, group_size=2, drop_tied=True)
+    batch = pipeline.estimate(pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory"), "gigpo")
+    assert batch.estimate["keep"].tolist() == [True, True, False, False]
+    assert batch.estimate["advantages"][2:].tolist() == [0.0, 0.0]
+    assert pipeline.env_metrics(batch)["env/kept_fraction"] == 0.5
+    assert "env/anchor_size" in pipeline.env_metrics(batch)
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_score_puts_per_token_quantities_in_the_batchs_token_order_and_spread_puts_them_back(layout):
+    """Whatever the layout, ``score`` orders model tokens episode by episode and turn by turn
+    (``token_turn``), and ``spread`` of per-token advantages is its inverse."""
+    batch = grpo_batch(layout)
+    width = max(len(s.completion_ids) for s in batch.samples)
+    logps = np.zeros((len(batch.samples), width), dtype=np.float32)
+    for row, sample in enumerate(batch.samples):
+        for j, (turn, model) in enumerate(zip(sample.turn_ids, sample.env_mask)):
+            logps[row, j] = -(10 * sample.trajectory_index + turn + 0.01 * j) if model else 99.0
+    scored = pipeline.score(batch, logps=logps, ref_logps=logps - 1.0)
+    turns = scored.turns
+    np.testing.assert_array_equal(turns.token_turn, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4])  # 5 turns, 2 tokens each
+    assert not (turns.logps == 99.0).any()  # environment tokens are not model tokens
+    order = -turns.logps
+    assert np.all(np.diff(np.floor(order)) >= 0)  # episode by episode, turn by turn
+    np.testing.assert_allclose(turns.ref_logps, turns.logps - 1.0)
+    assert scored.turns.values is None and batch.turns.logps is None
+    back = dataclasses.replace(scored, estimate={"token_advantages": turns.logps.astype(np.float64), "keep": scored.keep})
+    spread = pipeline.spread(back, width).advantages
+    mask = np.zeros_like(logps, dtype=bool)
+    for row, sample in enumerate(batch.samples):
+        mask[row, : len(sample.env_mask)] = np.asarray(sample.env_mask, dtype=bool)
+    np.testing.assert_allclose(spread[mask], logps[mask], rtol=1e-6)
+    assert not spread[~mask].any()
+
+
+def test_reinforce_plus_plus_runs_through_the_stages_with_its_kl_logged():
+    batch = grpo_batch("trajectory")
+    width = max(len(s.completion_ids) for s in batch.samples)
+    logps = np.full((len(batch.samples), width), -1.0, dtype=np.float32)
+    settings = EstimatorSettings(kl_coef=0.5)
+    with pytest.raises(ValueError, match="needs the batch's logps, ref_logps"):
+        pipeline.estimate(batch, "reinforce++", settings)
+    batch = pipeline.estimate(pipeline.score(batch, logps=logps, ref_logps=logps - 0.2), "reinforce++", settings)
+    batch = pipeline.spread(batch, width)
+    assert pipeline.estimate_metrics(batch) == {"env/kl": pytest.approx(0.2)}
+    advantages = batch.estimate["token_advantages"]
+    assert advantages.shape == (10,) and abs(advantages.mean()) < 1e-9  # whitened over the batch's tokens
+
+
+def test_ppos_values_reach_the_turns_and_the_critic_targets():
+    local = [episode([0.0, 1.0], layout="step"), episode([0.0], layout="step")]
+    batch = pipeline.gather(local, group_size=2)
+    batch = pipeline.to_rows(batch, rows_for(batch.local), layout="step", decode=str, row_multiple=4)  # one padding row
+    assert batch.turn_starts == [{0: 0}, {1: 0}, {0: 0}, {}]
+    values = np.array([[0.5], [0.25], [0.125], [9.0]], dtype=np.float32)  # per row, its turns in order
+    scored = pipeline.score(batch, values=values)
+    np.testing.assert_allclose(scored.turns.values, [0.5, 0.25, 0.125])  # episode 0's two turns, then episode 1's
+    estimated = pipeline.estimate(scored, "ppo", EstimatorSettings(gamma=1.0, lam=1.0))
+    np.testing.assert_allclose(estimated.estimate["returns"], [1.0, 1.0, 0.0])  # GAE(1, 1) + V: the reward to go
+    targets = pipeline.critic_targets(estimated, prompt_width=5)
+    assert targets["value_positions"][:, 0].tolist() == [4, 4, 4, 0]  # the turn's last prompt token
+    assert targets["value_mask"][:, 0].tolist() == [1.0, 1.0, 1.0, 0.0]  # the padding row reads nothing
+    np.testing.assert_allclose(targets["old_values"][:, 0].numpy(), [0.5, 0.25, 0.125, 0.0])
+    np.testing.assert_allclose(targets["value_returns"][:, 0].numpy(), [1.0, 1.0, 0.0, 0.0])
+    metrics = pipeline.estimate_metrics(estimated)
+    assert metrics["critic/values_mean"] == pytest.approx(0.875 / 3) and metrics["critic/returns_mean"] == pytest.approx(2 / 3)
+
+
+def test_turn_id_matrix_is_each_completion_tokens_turn():
+    batch = grpo_batch("trajectory")
+    matrix = pipeline.turn_id_matrix(batch, width=7)
+    assert matrix[0].tolist() == [0, 0, 0, 1, 1, 0, 0]
+    assert matrix[1].tolist() == [0] * 7

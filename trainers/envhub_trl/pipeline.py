@@ -1,0 +1,273 @@
+"""The trainer's stages, as plain functions over one frozen generation-batch value.
+
+One generation batch goes through them in order, each returning a new :class:`GenerationBatch`
+with its own fields filled::
+
+    gather    this process's episodes + every process's   -> episodes, turns, keep (group filter)
+    to_rows   the episodes as TRL rows (either layout)      -> rows, samples, columns
+    score     the model's per-token quantities             -> turns' logps / ref_logps / values
+    estimate  the registered estimator                      -> per-turn (or per-token) advantages
+    spread    the advantages over each row's model tokens   -> advantages (rows x completion width)
+
+Playing the episodes (:func:`envhub.rollout.rollout`) comes before them, and the model's forward
+passes (old, reference log-probs, the critic's values) happen in the trainer between ``to_rows``
+and ``score``: the stages take their results as numpy arrays. Nothing here imports TRL or
+``transformers.Trainer``, so every stage is tested with batches built by hand
+(``tests/test_pipeline.py``); :mod:`envhub_trl.trl_bridge` is where the batch meets TRL.
+
+Several processes: ``gather`` and ``score`` take a ``collect`` callable (``accelerate``'s
+``gather_object``; the identity on one process) and ``to_rows`` a ``most_rows`` one (the largest
+row count of any process), so that each process holds the whole batch's episodes and its own rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from envhub.trajectory import Sample, Trajectory, batch_columns
+from envhub_trl.advantages import select_groups
+from envhub_trl.critic import turn_starts, value_positions
+from envhub_trl.estimators import EstimatorSettings, TurnBatch
+from envhub_trl.metrics import rollout_metrics
+from envhub_trl.rollout_batch import (
+    check_has_turns,
+    spread_token_values,
+    token_advantages,
+    token_order,
+    turn_advantages,
+    turn_token_values,
+)
+
+#: ``collect(local_list) -> the concatenation of every process's lists`` (one process: the identity).
+Collect = Callable[[list[Any]], list[Any]]
+#: The sample layouts: one row per episode, or one per turn.
+LAYOUTS = ("trajectory", "step")
+
+
+def _alone(values: list[Any]) -> list[Any]:
+    return list(values)
+
+
+def _same(count: int) -> int:
+    return count
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GenerationBatch:
+    """One generation batch, as far as the stages have taken it.
+
+    Attributes:
+        local: this process's episodes, with global group ids and indices (``gather``).
+        episodes: every process's episodes, in batch order (episode ``i`` has index ``i``).
+        turns: ``episodes`` flattened to one entry per turn; after ``score``, with the model's
+            per-token and per-turn quantities.
+        keep: per episode, whether the group filter kept it (it reads returns alone).
+        rows: this process's TRL input rows (the dataset's, or one per turn in the step layout).
+        samples: the token sample of each row (``trajectory_index`` -1 on padding rows).
+        columns: what TRL's ``rollout_func`` returns for ``rows``: :func:`~envhub.trajectory.batch_columns`
+            with ``env_mask`` 0 on dropped groups and padding, and ``episode_return``.
+        token_starts: after ``score``: where each ``(episode, turn)``'s model tokens start in
+            ``turns.token_turn``'s order.
+        estimate: after ``estimate``: the estimator's output (``advantages`` per turn, or
+            ``token_advantages``; 0 on dropped groups) and ``keep``.
+        advantages: after ``spread``: ``(rows, completion width)``, each model token's advantage.
+    """
+
+    local: tuple[Trajectory, ...]
+    episodes: tuple[Trajectory, ...]
+    turns: TurnBatch
+    keep: np.ndarray
+    rows: tuple[dict[str, Any], ...] = ()
+    samples: tuple[Sample, ...] = ()
+    columns: Mapping[str, list[Any]] | None = None
+    token_starts: Mapping[tuple[int, int], int] | None = None
+    estimate: Mapping[str, np.ndarray] | None = None
+    advantages: np.ndarray | None = None
+
+    @property
+    def row_keep(self) -> list[bool]:
+        """Per row, whether its episode counts (False on padding and on dropped groups)."""
+        return [bool(self.keep[s.trajectory_index]) if s.trajectory_index >= 0 else False for s in self.samples]
+
+    @property
+    def turn_starts(self) -> list[dict[int, int]]:
+        """Per row, where each turn's model tokens start (:func:`~envhub_trl.critic.turn_starts`)."""
+        return turn_starts(self.samples)
+
+
+def gather(
+    local: Sequence[Trajectory],
+    *,
+    group_size: int,
+    process_index: int = 0,
+    collect: Collect = _alone,
+    drop_tied: bool = False,
+    keep_fraction: float = 1.0,
+) -> GenerationBatch:
+    """The batch of this process's played episodes: each gets its global index and env group (a
+    group may straddle processes), every process's episodes are gathered, and the group filter
+    (RAGEN's, :func:`~envhub_trl.advantages.select_groups`) marks the groups it drops.
+
+    Raises:
+        envhub_trl.rollout_batch.RolloutError: for an episode without a turn.
+    """
+    for trajectory in local:
+        check_has_turns(trajectory)
+    offset = process_index * len(local)
+    own = [dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(local)]
+    episodes: list[Trajectory] = collect(own)
+    turns = TurnBatch.from_trajectories(episodes)
+    keep = select_groups(turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+    return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep)
+
+
+def to_rows(
+    batch: GenerationBatch,
+    inputs: Sequence[dict[str, Any]],
+    *,
+    layout: str,
+    decode: Callable[[list[int]], str] | None = None,
+    row_multiple: int = 1,
+    most_rows: Callable[[int], int] = _same,
+) -> GenerationBatch:
+    """The batch as TRL rows: in the ``trajectory`` layout ``inputs`` themselves (one per episode),
+    in the ``step`` layout one per turn, its ``prompt`` the decoded windowed prompt, padded with
+    masked rows (``trajectory_index`` -1) to ``most_rows(len)`` (the most any process has)
+    rounded up to ``row_multiple`` (TRL groups and splits rows evenly).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "trajectory":
+        rows, samples = list(inputs), [t.sample() for t in batch.local]
+    else:
+        rows, samples = [], []
+        for i, trajectory in enumerate(batch.local):
+            for sample in trajectory.step_samples():
+                samples.append(sample)
+                rows.append({**inputs[i], "prompt": decode(sample.prompt_ids) if decode is not None else ""})
+        target = -(-most_rows(len(samples)) // row_multiple) * row_multiple
+        filler = samples[0]
+        for _ in range(target - len(samples)):
+            samples.append(dataclasses.replace(filler, env_mask=[0] * len(filler.env_mask), trajectory_index=-1))
+            rows.append(dict(rows[0]))  # TRL writes the rollout's extra columns into each row
+    batch = dataclasses.replace(batch, rows=tuple(rows), samples=tuple(samples))
+    columns = batch_columns(samples)
+    columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], batch.row_keep)]
+    columns["episode_return"] = [batch.episodes[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples]
+    return dataclasses.replace(batch, columns=columns)
+
+
+def score(
+    batch: GenerationBatch,
+    *,
+    logps: np.ndarray | None = None,
+    ref_logps: np.ndarray | None = None,
+    values: np.ndarray | None = None,
+    collect: Collect = _alone,
+) -> GenerationBatch:
+    """The batch with the model's quantities in ``turns``' order, gathered over processes.
+
+    Args:
+        logps: ``(rows, width)``, the policy's log-prob of each completion token.
+        ref_logps: ``(rows, width)``, the reference model's.
+        values: ``(rows, most turns in a row)``, the critic's value of each row's turns, in turn
+            order (read at :func:`~envhub_trl.critic.value_positions`).
+    """
+    token_scores = {name: value for name, value in (("logps", logps), ("ref_logps", ref_logps)) if value is not None}
+    samples = batch.samples
+    local: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, value in token_scores.items():
+        for key, entries in turn_token_values(samples, value).items():
+            local.setdefault(key, {})[name] = entries
+    if values is not None:
+        for row, starts_of_row in enumerate(batch.turn_starts):
+            for k, turn in enumerate(sorted(starts_of_row)):
+                local.setdefault((samples[row].trajectory_index, turn), {})["values"] = float(values[row, k])
+    gathered = dict(collect(list(local.items())))
+    turn_counts = [t.num_turns for t in batch.episodes]
+    first = next(iter(token_scores), None)
+    lengths = {key: len(entry[first]) for key, entry in gathered.items() if first in entry} if first else {}
+    token_turn, starts = token_order(turn_counts, lengths)
+    ordered = sorted((key for key in gathered if key in lengths), key=starts.__getitem__)
+    fields = {name: np.concatenate([gathered[key][name] for key in ordered] or [np.zeros(0)]) for name in token_scores}
+    if values is not None:
+        fields["values"] = np.array([gathered.get((g, k), {}).get("values", 0.0) for g, n in enumerate(turn_counts) for k in range(n)])
+    return dataclasses.replace(batch, turns=batch.turns.with_scores(token_turn, **fields), token_starts=starts)
+
+
+def estimate(batch: GenerationBatch, estimator: str, settings: EstimatorSettings | None = None) -> GenerationBatch:
+    """The batch with ``estimator``'s advantages (:func:`~envhub_trl.rollout_batch.turn_advantages`;
+    0 on dropped groups)."""
+    return dataclasses.replace(batch, estimate=turn_advantages(batch.turns, estimator, settings, keep=batch.keep))
+
+
+def spread(batch: GenerationBatch, width: int) -> GenerationBatch:
+    """The batch with each row's per-token advantages, ``(rows, width)``: each turn's advantage on
+    its model tokens (or the estimator's per-token ones where it gives them); 0 past a row's end.
+    Environment tokens and padding rows stay out of the loss through their ``env_mask`` 0."""
+    result = batch.estimate
+    if "token_advantages" in result:
+        advantages = spread_token_values(batch.samples, result["token_advantages"], batch.token_starts, width)
+    else:
+        per_episode = np.split(result["advantages"], np.cumsum([t.num_turns for t in batch.episodes])[:-1])
+        row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in batch.samples]
+        advantages = token_advantages(batch.samples, row_turns, width)
+    return dataclasses.replace(batch, advantages=advantages)
+
+
+def turn_id_matrix(batch: GenerationBatch, width: int) -> np.ndarray:
+    """``(rows, width)``: the turn of each completion token (0 past a row's end), for the loss's
+    per-turn importance ratio (``ratio_type="segment"``)."""
+    turn_ids = np.zeros((len(batch.samples), width), dtype=np.int64)
+    for row, sample in enumerate(batch.samples):
+        turn_ids[row, : len(sample.turn_ids)] = sample.turn_ids
+    return turn_ids
+
+
+def critic_targets(batch: GenerationBatch, prompt_width: int) -> dict[str, torch.Tensor]:
+    """What PPO's value loss reads, per row and turn: where the turn's value is read in the
+    (left-padded prompt + completion) sequence, its old value, its GAE return, and a mask (0 on
+    padding and on dropped groups). Needs ``score``'s values and ``estimate``'s ``returns``."""
+    starts = batch.turn_starts
+    turns, returns = batch.turns, batch.estimate["returns"]
+    positions, mask = value_positions(starts, prompt_width)
+    first_turn = np.cumsum([0] + [int(n) for n in np.bincount(turns.traj_index, minlength=turns.num_episodes)])
+    old, targets = torch.zeros(mask.shape), torch.zeros(mask.shape)
+    for row, starts_of_row in enumerate(starts):
+        for k, turn in enumerate(sorted(starts_of_row)):
+            index = first_turn[batch.samples[row].trajectory_index] + turn
+            old[row, k], targets[row, k] = float(turns.values[index]), float(returns[index])
+    mask = mask * torch.tensor([float(kept) for kept in batch.row_keep]).unsqueeze(1)
+    return {"value_positions": positions, "value_mask": mask, "old_values": old, "value_returns": targets}
+
+
+def row_advantage_means(batch: GenerationBatch) -> list[float]:
+    """Per row, the mean advantage over its model tokens (0 for a row without one): what the
+    completions log shows."""
+    means = []
+    for row, sample in enumerate(batch.samples):
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        means.append(float(batch.advantages[row, : len(mask)][mask].mean()) if mask.any() else 0.0)
+    return means
+
+
+def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
+    """What the estimate stage logs besides the env metrics: REINFORCE++'s mean KL (``env/kl``),
+    PPO's mean value and return (``critic/...``)."""
+    result, out = batch.estimate, {}
+    if "kl" in result:
+        out["env/kl"] = float(np.mean(result["kl"])) if len(result["kl"]) else 0.0
+    if "returns" in result and batch.turns.values is not None:
+        out["critic/values_mean"] = float(np.mean(batch.turns.values))
+        out["critic/returns_mean"] = float(np.mean(result["returns"]))
+    return out
+
+
+def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:
+    """The batch's ``env/`` metrics (:func:`~envhub_trl.metrics.rollout_metrics`)."""
+    return rollout_metrics(list(batch.episodes), batch.estimate["keep"], batch.estimate.get("anchor_size"), per_env=per_env)
