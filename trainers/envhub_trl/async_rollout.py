@@ -24,6 +24,7 @@ truncated importance sampling (:func:`truncated_importance_weights`).
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from envhub.rollout import RolloutStats, Trajectory
+from envhub.rollout import RolloutStats, Trajectory, rollout
+from envhub_trl.callbacks import StopAsync
+from envhub_trl.generators import capabilities_of
 
 
 def truncated_importance_weights(
@@ -161,3 +164,57 @@ class AsyncRollouts:
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
+
+
+class _Snapshot:
+    """A state dict posing as a model for a generator's ``load_weights(model)``."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state = state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
+
+
+def start_producer(trainer: Any, model: Any, rows: int, group_size: int) -> AsyncRollouts:
+    """The producer of an :class:`~envhub_trl.trainer.EnvGRPOTrainer`: its own generator (HF: a
+    copy of ``model``; vLLM: the engine, which only it touches while training runs) and its own
+    manager; batch ``b``'s groups are seeded from ``(seed, b)``, the same on every process, each
+    process playing its ``rows`` rows' share. It stops when training ends."""
+    args = trainer.args
+    generator = trainer.generator
+    sync = capabilities_of(generator).weight_sync
+    if sync == "shared":
+        # It samples with the trained model object, which trains meanwhile: the producer gets a
+        # fresh model of the same config with the weights, not a deepcopy (a copy would carry
+        # whatever the trainer has patched onto the training model at this moment).
+        copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
+        copy_of_model.load_state_dict(model.state_dict())
+        copy_of_model.generation_config = copy.deepcopy(model.generation_config)
+        generator = generator.with_model(copy_of_model)
+        load = copy_of_model.load_state_dict
+    elif sync == "local":
+        # vLLM's engine (only the producer touches it while training runs), or a generator the
+        # caller gave that takes the posted weights.
+        load = lambda snapshot: generator.load_weights(_Snapshot(snapshot))  # noqa: E731
+    else:
+        load = lambda snapshot: None  # noqa: E731  (its weights never change)
+    groups = args.generation_batch_size // group_size
+    offset = trainer.accelerator.process_index * rows
+
+    def play(batch: int) -> tuple[list[Trajectory], RolloutStats]:
+        rng = np.random.default_rng([args.seed, 0xA5, batch])
+        seeds = np.repeat(rng.integers(0, args.num_train_seeds, groups), group_size)[offset : offset + rows].tolist()
+        manager, reset_seeds = trainer._manager_for(seeds, group_size, owner="async")
+        stats = RolloutStats()
+        with trainer._generator_lock:
+            trajectories = rollout(manager, generator, trainer._sampling(batch), seeds=reset_seeds, mode="continuous", stats=stats)
+        return trajectories, stats
+
+    def load_locked(snapshot: Any) -> None:
+        with trainer._generator_lock:
+            load(snapshot)
+
+    trainer.add_callback(StopAsync(trainer))
+    # A resumed run's producer goes on from the batch the checkpoint had reached (run_state).
+    return AsyncRollouts(play, load_locked, args.max_staleness, first_batch=trainer._async_batches)

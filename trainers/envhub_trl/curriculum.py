@@ -25,6 +25,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from envhub_trl.mix import EnvEntry, check_keys
 
 #: The keys of a ``curriculum`` mapping, and of one of its stages.
@@ -124,6 +126,38 @@ class CurriculumState:
         self.curriculum = curriculum
         self.stage = min(stage, max(len(curriculum.stages) - 1, 0))
         self.recent: collections.deque[float] = collections.deque(maxlen=curriculum.window)
+        #: Whether the stage was restored (from a checkpoint's run state, or from the log).
+        self.restored = False
+
+    def restore_from_log(self, log_history: Sequence[Mapping[str, Any]]) -> None:
+        """Once per run: on a run resumed from a checkpoint without envhub's run state
+        (:mod:`envhub_trl.run_state` restores the stage and its window), start at the last stage
+        the log recorded (the window of recent success starts afresh)."""
+        if self.restored:
+            return
+        self.restored = True
+        logged = [entry["curriculum/stage"] for entry in log_history if "curriculum/stage" in entry]
+        if logged:
+            self.stage = int(round(logged[-1]))
+
+    def batch_played(self, trajectories: Sequence[Any], step: int) -> tuple[dict[str, float], str | None]:
+        """Feed one training batch's success of the stage env (episodes with ``env_id`` and
+        ``success``) at optimizer step ``step``; returns what to log (``curriculum/stage``: the
+        stage the batch played; ``curriculum/max_turns``) and, when training moved on, a line
+        saying so."""
+        schedule, metrics, advanced = self.curriculum, {}, None
+        if schedule.stages:
+            metrics["curriculum/stage"] = float(self.stage)
+            ours = [t.success for t in trajectories if t.env_id == schedule.env]
+            if ours and self.observe(float(np.mean(ours))):
+                advanced = (
+                    f"curriculum: stage {self.stage + 1} of {len(schedule.stages)} ({schedule.env}, {schedule.stages[self.stage]}) "
+                    f"from step {step + 1}: training success reached {schedule.advance_at:g} over {schedule.window} batches"
+                )
+        turns = schedule.max_turns_at(step)
+        if turns is not None:
+            metrics["curriculum/max_turns"] = float(turns)
+        return metrics, advanced
 
     def observe(self, success_rate: float) -> bool:
         """Record one generation batch's training success of the stage env; True when that moved

@@ -7,12 +7,14 @@ the data it has seen. What it does not know is the part of the run that lives in
 :class:`~envhub_trl.trainer.EnvGRPOTrainer`, which ``checkpoint-N/envhub_run_state.json`` (and two
 files beside it) holds:
 
-- TRL's micro-step counter (``_step``): with the optimizer step, it seeds each generation batch's
-  sampling (:meth:`EnvGRPOTrainer._sampling`) and picks which slice of a generation batch a
-  micro-step trains on. Left at 0 on resume, every batch after it is sampled with other seeds.
-- The generation batch being trained (``_buffered_inputs``), when the checkpoint falls inside one
-  (``num_iterations`` > 1 or ``steps_per_generation`` > ``gradient_accumulation_steps``):
-  ``envhub_buffered_inputs_<process>.pt``. Without it TRL would play a new batch at the resumed step.
+- TRL's micro-step counter (:func:`envhub_trl.trl_bridge.micro_step`): with the optimizer step,
+  it seeds each generation batch's sampling (:meth:`EnvGRPOTrainer._sampling`) and picks which
+  slice of a generation batch a micro-step trains on. Left at 0 on resume, every batch after it
+  is sampled with other seeds.
+- The generation batch being trained (:func:`envhub_trl.trl_bridge.buffered_inputs`), when the
+  checkpoint falls inside one (``num_iterations`` > 1 or ``steps_per_generation`` >
+  ``gradient_accumulation_steps``): ``envhub_buffered_inputs_<process>.pt``. Without it TRL would
+  play a new batch at the resumed step.
 - The env seed stream: in lockstep and continuous rollouts it is the dataset's sampler, which the
   Trainer's data skipping restores; in async rollouts it is the producer's position (the next
   generation batch index), saved here.
@@ -178,11 +180,13 @@ def _generate_every(trainer: Any) -> int:
 def save(trainer: Any, folder: str | Path) -> None:
     """Write what ``trainer``'s future depends on beyond what ``transformers.Trainer`` saves into
     the checkpoint folder ``folder`` (see the module docstring)."""
+    from envhub_trl import trl_bridge  # TRL's counters; imported here so that reading a record loads no TRL
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    buffered = trainer._buffered_inputs is not None and trainer._step % _generate_every(trainer) != 0
+    buffered = trl_bridge.buffered_inputs(trainer) is not None and trl_bridge.micro_step(trainer) % _generate_every(trainer) != 0
     if buffered:
-        torch.save(trainer._buffered_inputs, folder / BUFFER_FILE.format(process=trainer.accelerator.process_index))
+        torch.save(trl_bridge.buffered_inputs(trainer), folder / BUFFER_FILE.format(process=trainer.accelerator.process_index))
     if not trainer.accelerator.is_main_process:
         return
     reference = getattr(trainer, "_reference", None)
@@ -194,11 +198,11 @@ def save(trainer: Any, folder: str | Path) -> None:
     state = {
         "version": VERSION,
         "global_step": trainer.state.global_step,
-        "trl_step": trainer._step,
+        "trl_step": trl_bridge.micro_step(trainer),
         "buffered_inputs": buffered,
         "async_batches": trainer._async_batches,
         "curriculum": None if curriculum is None else {"stage": curriculum.stage, "recent": list(curriculum.recent)},
-        "pending_metrics": {name: list(values) for name, values in trainer._metrics["train"].items()},
+        "pending_metrics": trl_bridge.pending_metrics(trainer),
         "reference": reference is not None,
     }
     (folder / RUN_STATE_FILE).write_text(json.dumps(state, indent=1))
@@ -250,6 +254,8 @@ def restore(trainer: Any, checkpoint: str | Path) -> bool:
     Raises:
         ResumeError: for a state file of another layout, or one whose files are missing.
     """
+    from envhub_trl import trl_bridge  # TRL's counters; imported here so that reading a record loads no TRL
+
     folder = Path(checkpoint)
     path = folder / RUN_STATE_FILE
     if not path.is_file():
@@ -262,22 +268,21 @@ def restore(trainer: Any, checkpoint: str | Path) -> bool:
     state = json.loads(path.read_text())
     if state.get("version") != VERSION:
         raise ResumeError(f"{path} has layout version {state.get('version')!r}; this envhub reads version {VERSION}")
-    trainer._step = int(state["trl_step"])
+    trl_bridge.set_micro_step(trainer, int(state["trl_step"]))
     trainer._async_batches = int(state["async_batches"])
     if state["buffered_inputs"]:
         buffer = folder / BUFFER_FILE.format(process=trainer.accelerator.process_index)
         if not buffer.is_file():
             raise ResumeError(f"{folder} was saved inside a generation batch but holds no {buffer.name}; resume from another checkpoint")
         device = trainer.accelerator.device
-        trainer._buffered_inputs = torch.load(buffer, map_location=device, weights_only=True)
+        trl_bridge.set_buffered_inputs(trainer, torch.load(buffer, map_location=device, weights_only=True))
     saved_curriculum = state["curriculum"]
     if trainer.curriculum is not None and saved_curriculum is not None:
         trainer.curriculum.stage = int(saved_curriculum["stage"])
         trainer.curriculum.recent.clear()
         trainer.curriculum.recent.extend(float(x) for x in saved_curriculum["recent"])
-        trainer._curriculum_restored = True  # not again from the log
-    for name, values in state["pending_metrics"].items():
-        trainer._metrics["train"][name] = list(values)
+        trainer.curriculum.restored = True  # not again from the log
+    trl_bridge.set_pending_metrics(trainer, state["pending_metrics"])
     if state["reference"]:
         _restore_reference(trainer, folder)
     return True

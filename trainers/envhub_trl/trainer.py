@@ -1,36 +1,23 @@
-"""``EnvGRPOTrainer``: TRL's GRPO trainer on multi-turn envhub environments, with GRPO or GiGPO advantages.
+"""``EnvGRPOTrainer``: TRL's GRPO trainer on multi-turn envhub environments, wired to envhub's stages.
 
-How a generation batch is made (this class wraps ``GRPOTrainer._generate_and_score_completions``):
+The class is wiring: one generation batch (:meth:`EnvGRPOTrainer.generation_batch`) is played by
+the manager and the generator, then goes through the plain stages of :mod:`envhub_trl.pipeline`
+(gather, to rows, score, estimate, spread); :mod:`envhub_trl.trl_bridge` is where it meets TRL
+(TRL's scoring of the rows, the model's log-probs, its metrics and loss). In order:
 
 1. The dataset is a column of env seeds; TRL's sampler repeats each row ``num_generations`` times
    in a row, so each run of equal seeds is one env group.
 2. Play: :class:`~envhub.manager.EnvGroupManager` resets each env group's ``group_size`` members
-   with the group's seed (hence one initial state) and plays every episode with the generator.
-   The batch's groups take the run's envs in order (``envs:``, :mod:`envhub_trl.mix`: each group
-   is one env); a curriculum (:mod:`envhub_trl.curriculum`) sets the current stage's env
-   arguments and turn limit.
-3. Gather: the episodes of every process are gathered (a group may straddle processes); the
-   group filter, which reads returns alone, marks dropped groups.
-4. The episodes become TRL rows, handed to TRL through its ``rollout_func`` hook: in the
-   ``trajectory`` layout one row per episode, whose environment tokens carry ``env_mask`` 0 (TRL's
-   ``tool_mask``: out of the loss); in the ``step`` layout one row per turn (its windowed prompt
-   and its reply), padded with masked rows to a size TRL can split evenly. Rows of dropped groups
-   are masked too.
-5. Score: TRL scores the rows as usual (old and reference log-probs, metrics, the completions
-   log); an estimator that needs per-token quantities (``reinforce++``: the policy's and the
-   reference model's log-probs) gets them here, gathered into the batch's token order.
-6. Estimate: the registered estimator (:mod:`envhub_trl.estimators`) turns the batch into
-   per-turn (or per-token) advantages, which replace TRL's sequence-level ones: each turn's
-   tokens get that turn's advantage, environment tokens none.
-7. Loss: TRL's clipped policy-gradient loss over those per-token advantages, with a per-token
-   importance ratio or, with ``ratio_type="segment"``, one per turn.
+   with the group's seed and plays every episode with the generator; a mix (:mod:`envhub_trl.mix`)
+   gives each group one env, a curriculum (:mod:`envhub_trl.curriculum`) the current stage's env
+   arguments and turn limit; ``rollout_mode: async`` plays ahead in a producer thread.
+3. Gather, to rows, score, estimate, spread: :mod:`envhub_trl.pipeline`.
+4. Loss: TRL's clipped policy-gradient loss over the per-token advantages, with a per-token
+   importance ratio or, with ``ratio_type="segment"``, one per turn; PPO adds its value loss.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import dataclasses
 import math
 import sys
 import threading
@@ -42,36 +29,24 @@ import numpy as np
 import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
-from transformers import TrainerCallback
-from trl import GRPOTrainer
 
-from envhub.chat import stop_token_ids
 from envhub.generation import Generator, SamplingParams
 from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import RolloutStats, Sample, Trajectory, batch_columns, rollout
-from envhub_trl.advantages import select_groups
-from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, truncated_importance_weights
+from envhub.rollout import RolloutStats, Trajectory, rollout
+from envhub_trl import pipeline, run_state
+from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, start_producer, truncated_importance_weights
+from envhub_trl.callbacks import AverageCriticGradients, ZeroCriticGradients
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.curriculum import CurriculumState
-from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values, turn_starts, value_positions
-from envhub_trl.estimators import NEEDS, TurnBatch
+from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_loss, final_norm, read_values
+from envhub_trl.estimators import NEEDS
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
-from envhub_trl.metrics import rollout_metrics
 from envhub_trl.mix import EnvEntry, group_env_ids
-from envhub_trl import run_state
-from envhub_trl.rollout_batch import (
-    check_has_turns,
-    episode_return,
-    segment_mean,
-    spread_token_values,
-    token_advantages,
-    token_order,
-    turn_advantages,
-    turn_token_values,
-)
+from envhub_trl.rollout_batch import episode_return
+from envhub_trl.trl_bridge import TRLBridge
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
@@ -80,7 +55,7 @@ def seed_dataset(num_seeds: int) -> Dataset:
     return Dataset.from_dict({"prompt": [f"env seed {s}" for s in seeds], "env_seed": seeds})
 
 
-class EnvGRPOTrainer(GRPOTrainer):
+class EnvGRPOTrainer(TRLBridge):
     """GRPO/GiGPO on an envhub environment; needs no dataset (prompts are env seeds).
 
     Args:
@@ -130,7 +105,7 @@ class EnvGRPOTrainer(GRPOTrainer):
                 callbacks=callbacks,
                 optimizers=optimizers,
                 peft_config=peft_config,
-                rollout_func=self._rollout,
+                rollout_func=self.rollout_columns,
             )
         self._managers: dict[str, tuple[EnvGroupManager, Any]] = {}  # owner ("main", "async") -> (manager, its key)
         self._async: AsyncRollouts | None = None  # rollout_mode="async": the producer thread
@@ -138,21 +113,17 @@ class EnvGRPOTrainer(GRPOTrainer):
         self._generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
         schedule = args.curriculum_schedule()
         self.curriculum: CurriculumState | None = CurriculumState(schedule) if schedule is not None else None
-        self._curriculum_restored = False
         self._generator: Generator | None = generator
         self._synced_step = -1
         self._batch_seeds: list[int] = []
-        self._columns: dict[str, list[Any]] | None = None
-        self._reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see _reference_logps)
-        self._loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, for ratio_type="segment"
         self.value_head: ValueHead | None = None  # PPO's critic (envhub_trl.critic), beside the model
         if "values" in NEEDS[args.advantage_estimator]:
             unwrapped = self.accelerator.unwrap_model(self.model)
             final_norm(unwrapped)  # an architecture without a known final norm fails here, not mid-run
             self.value_head = ValueHead(unwrapped.config.get_text_config().hidden_size).to(self.accelerator.device)
-            self.add_callback(_ZeroCriticGradients(self.value_head))
+            self.add_callback(ZeroCriticGradients(self.value_head))
             if self.accelerator.num_processes > 1:
-                self.add_callback(_AverageCriticGradients(self.value_head))
+                self.add_callback(AverageCriticGradients(self.value_head))
 
     # ------------------------------------------------------------------ generation
 
@@ -238,7 +209,7 @@ class EnvGRPOTrainer(GRPOTrainer):
     def _sampling(self, batch: int | None = None) -> SamplingParams:
         """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
         index = self.accelerator.process_index
-        position = [self.state.global_step, index, self._step] if batch is None else [batch, index, 1 << 20]
+        position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
         seed = np.random.SeedSequence([self.args.seed, *position])
         return SamplingParams(
             max_new_tokens=self.args.max_turn_tokens,
@@ -248,94 +219,57 @@ class EnvGRPOTrainer(GRPOTrainer):
             seed=int(seed.generate_state(1)[0] & 0x3FFFFFFF),
         )
 
-    def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
-        """TRL's ``rollout_func``: the rows this batch's episodes became (played before TRL asks)."""
-        columns = self._columns
-        self._columns = None
-        if columns is None or len(columns["prompt_ids"]) != len(prompts):
-            raise RuntimeError("EnvGRPOTrainer plays its episodes in _generate_and_score_completions; rows must carry env_seed")
-        return columns
+    # ------------------------------------------------------------------ the stages
 
-    # ------------------------------------------------------------------ advantages
-
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """One generation batch through the stages (:mod:`envhub_trl.pipeline`), as TRL's loss reads it."""
+        args, device = self.args, self.accelerator.device
         self._batch_seeds = [int(row["env_seed"]) for row in inputs]
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
-        self._restore_curriculum()
+        if self.curriculum is not None:
+            self.curriculum.restore_from_log(self.state.log_history)
         staleness = None
-        if self.args.rollout_mode == "async" and mode == "train":
+        if args.rollout_mode == "async" and mode == "train":
             trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
         else:
             manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
             stats = RolloutStats()
-            play_mode = "lockstep" if self.args.rollout_mode == "lockstep" else "continuous"
+            play_mode = "lockstep" if args.rollout_mode == "lockstep" else "continuous"
             with self._generator_lock:
                 trajectories = rollout(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode, stats=stats)
-        for name, value in stats.metrics().items():
-            self._metrics[mode][name].append(value)
-        for trajectory in trajectories:
-            check_has_turns(trajectory)
-
-        # Gather: every process's episodes (a group may straddle processes).
-        offset = self.accelerator.process_index * len(trajectories)
-        local = [
-            dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(trajectories)
-        ]
-        everyone: list[Trajectory] = gather_object(local)
-        batch = TurnBatch.from_trajectories(everyone)
-        # The group filter reads returns alone, so dropped groups are masked before TRL scores.
-        keep = select_groups(
-            batch.returns, batch.traj_groups, drop_tied=self.args.filter_tied_groups, keep_fraction=self.args.keep_group_fraction
+        self.log_metrics(mode, stats.metrics())
+        batch = pipeline.gather(
+            trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
+            drop_tied=args.filter_tied_groups, keep_fraction=args.keep_group_fraction,
         )
-
-        if self.args.sample_layout == "trajectory":
-            rows, samples = list(inputs), [t.sample() for t in local]
-        else:
-            rows, samples = self._step_rows(inputs, local, mode)
-        columns = batch_columns(samples)
-        row_keep = [bool(keep[s.trajectory_index]) if s.trajectory_index >= 0 else False for s in samples]
-        columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], row_keep)]
-        columns["episode_return"] = [
-            everyone[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples
-        ]
-        self._columns = columns
-        # Score: TRL's old and reference log-probs; then what the estimator needs besides.
-        output = super()._generate_and_score_completions(rows)
+        multiple = math.lcm(group_size, args.steps_per_generation if mode == "train" else 1)
+        batch = pipeline.to_rows(
+            batch, inputs, layout=args.sample_layout, decode=self.processing_class.decode, row_multiple=multiple,
+            most_rows=lambda count: int(self.accelerator.gather(torch.tensor([count], device=device)).max()),  # over processes
+        )
+        output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
         width = output["completion_ids"].shape[1]
-        # Each row's turns and where their model tokens start: where PPO's values are read.
-        value_rows = turn_starts(samples) if self.value_head is not None else None
-        needs = NEEDS[self.args.advantage_estimator]
+        needs = NEEDS[args.advantage_estimator]
         if needs:
-            batch, starts = self._with_scores(batch, everyone, samples, output, needs, value_rows)
-
-        # Estimate, then spread over the tokens the loss reads.
-        result = turn_advantages(batch, self.args.advantage_estimator, self.args.estimator_settings(), keep=keep)
-        if "token_advantages" in result:
-            advantages = spread_token_values(samples, result["token_advantages"], starts, width)
-            self._metrics[mode]["env/kl"].append(float(np.mean(result["kl"])) if len(result["kl"]) else 0.0)
-        else:
-            per_episode = np.split(result["advantages"], np.cumsum([t.num_turns for t in everyone])[:-1])
-            row_turns = [per_episode[s.trajectory_index] if s.trajectory_index >= 0 else np.zeros(1) for s in samples]
-            advantages = token_advantages(samples, row_turns, width)
-        output["advantages"] = torch.tensor(advantages, dtype=torch.float32, device=self.accelerator.device)
+            scores = self.model_scores(output, needs, self.value_head, batch.turn_starts if self.value_head is not None else None)
+            batch = pipeline.score(batch, **scores, collect=gather_object)
+        batch = pipeline.spread(pipeline.estimate(batch, args.advantage_estimator, args.estimator_settings()), width)
+        output["advantages"] = torch.tensor(batch.advantages, dtype=torch.float32, device=device)
+        self.log_metrics(mode, pipeline.estimate_metrics(batch))
         if staleness is not None:
             self._correct_for_lag(output, staleness, mode)
         if self.value_head is not None:
-            self._critic_targets(output, samples, value_rows, batch, result["returns"], row_keep)
-            self._metrics[mode]["critic/values_mean"].append(float(np.mean(batch.values)))
-            self._metrics[mode]["critic/returns_mean"].append(float(np.mean(result["returns"])))
-        if self.args.ratio_type == "segment":
-            turn_ids = np.zeros((len(samples), width), dtype=np.int64)
-            for row, sample in enumerate(samples):
-                turn_ids[row, : len(sample.turn_ids)] = sample.turn_ids
-            output["turn_ids"] = torch.tensor(turn_ids, device=self.accelerator.device)
-        self._log_token_advantages(samples, advantages)
-        per_env = len(self.args.env_entries()) > 1
-        for name, value in rollout_metrics(everyone, result["keep"], result.get("anchor_size"), per_env=per_env).items():
-            self._metrics[mode][name].append(value)
+            output.update({name: value.to(device) for name, value in pipeline.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
+        if args.ratio_type == "segment":
+            output["turn_ids"] = torch.tensor(pipeline.turn_id_matrix(batch, width), device=device)
+        self.log_row_advantages(pipeline.row_advantage_means(batch))
+        self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
         if self.curriculum is not None and mode == "train":
-            self._advance_curriculum(everyone, mode)
+            metrics, advanced = self.curriculum.batch_played(batch.episodes, self.state.global_step)
+            self.log_metrics(mode, metrics)
+            if advanced is not None and self.accelerator.is_main_process:
+                print(advanced, file=sys.stderr, flush=True)
         return output
 
     # ------------------------------------------------------------------ async rollouts
@@ -345,53 +279,12 @@ class EnvGRPOTrainer(GRPOTrainer):
         the current weights as this batch's version, take the batch, return it with its staleness."""
         model = self.accelerator.unwrap_model(self.model)
         if self._async is None:
-            self._async = self._start_async(model, rows, group_size)
+            self._async = start_producer(self, model, rows, group_size)
         batch = self._async_batches
         self._async_batches += 1
         self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()})
         trajectories, stats, version = self._async.take(batch)
         return trajectories, stats, batch - version
-
-    def _start_async(self, model: Any, rows: int, group_size: int) -> AsyncRollouts:
-        """The producer: its own generator (HF: a copy of the model; vLLM: the engine, which only
-        it touches while training runs) and its own manager; batch ``b``'s groups are seeded from
-        ``(seed, b)``, the same on every process, each process playing its rows' share."""
-        generator = self.generator
-        sync = capabilities_of(generator).weight_sync
-        if sync == "shared":
-            # It samples with the trained model object, which trains meanwhile: the producer gets a
-            # fresh model of the same config with the weights, not a deepcopy (a copy would carry
-            # whatever the trainer has patched onto the training model at this moment).
-            copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
-            copy_of_model.load_state_dict(model.state_dict())
-            copy_of_model.generation_config = copy.deepcopy(model.generation_config)
-            generator = generator.with_model(copy_of_model)
-            load = copy_of_model.load_state_dict
-        elif sync == "local":
-            # vLLM's engine (only the producer touches it while training runs), or a generator the
-            # caller gave that takes the posted weights.
-            load = lambda snapshot: generator.load_weights(_Snapshot(snapshot))  # noqa: E731
-        else:
-            load = lambda snapshot: None  # noqa: E731  (its weights never change)
-        groups = self.args.generation_batch_size // group_size
-        offset = self.accelerator.process_index * rows
-
-        def play(batch: int) -> tuple[list[Trajectory], RolloutStats]:
-            rng = np.random.default_rng([self.args.seed, 0xA5, batch])
-            seeds = np.repeat(rng.integers(0, self.args.num_train_seeds, groups), group_size)[offset : offset + rows].tolist()
-            manager, reset_seeds = self._manager_for(seeds, group_size, owner="async")
-            stats = RolloutStats()
-            with self._generator_lock:
-                trajectories = rollout(manager, generator, self._sampling(batch), seeds=reset_seeds, mode="continuous", stats=stats)
-            return trajectories, stats
-
-        def load_locked(snapshot: Any) -> None:
-            with self._generator_lock:
-                load(snapshot)
-
-        self.add_callback(_StopAsync(self))
-        # A resumed run's producer goes on from the batch the checkpoint had reached (run_state).
-        return AsyncRollouts(play, load_locked, self.args.max_staleness, first_batch=self._async_batches)
 
     def _correct_for_lag(self, output: dict[str, Any], staleness: int, mode: str) -> None:
         """Truncated importance sampling for an async batch: each model token's advantage times
@@ -400,188 +293,20 @@ class EnvGRPOTrainer(GRPOTrainer):
         importance-sampling correction does); logs the weights and the staleness."""
         old = output.get("old_per_token_logps")
         if old is None:
-            input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-            attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
             with torch.no_grad():
-                old = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention, output["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
-                )[0]
+                old = self.token_logps(self.model, output, self.args.per_device_train_batch_size)
         mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
         weights, stats = truncated_importance_weights(old.float(), output["sampling_per_token_logps"].float(), mask.float(), self.args.importance_sampling_cap)
         output["advantages"] = output["advantages"] * weights.to(output["advantages"].dtype)
-        for name, value in stats.items():
-            self._metrics[mode][f"rollout/importance_weight_{name}"].append(value)
-        for name, value in staleness_metrics([staleness] * len(output["completion_ids"]), self.args.max_staleness).items():
-            self._metrics[mode][name].append(value)
-
-    def _restore_curriculum(self) -> None:
-        """On a run resumed from a checkpoint without envhub's run state (:mod:`envhub_trl.run_state`
-        restores the stage and its window), start the curriculum at the last stage its log
-        recorded (its window of recent success starts afresh)."""
-        if self.curriculum is None or self._curriculum_restored:
-            return
-        self._curriculum_restored = True
-        logged = [entry["curriculum/stage"] for entry in self.state.log_history if "curriculum/stage" in entry]
-        if logged:
-            self.curriculum.stage = int(round(logged[-1]))
-
-    def _advance_curriculum(self, trajectories: list[Trajectory], mode: str) -> None:
-        """Feed the batch's training success of the stage env to the curriculum; log where it is."""
-        curriculum = self.curriculum
-        schedule = curriculum.curriculum
-        if schedule.stages:
-            self._metrics[mode]["curriculum/stage"].append(float(curriculum.stage))  # the stage this batch played
-            ours = [t.success for t in trajectories if t.env_id == schedule.env]
-            if ours and curriculum.observe(float(np.mean(ours))):
-                stage = schedule.stages[curriculum.stage]
-                if self.accelerator.is_main_process:
-                    print(
-                        f"curriculum: stage {curriculum.stage + 1} of {len(schedule.stages)} ({schedule.env}, {stage}) from step "
-                        f"{self.state.global_step + 1}: training success reached {schedule.advance_at:g} over {schedule.window} batches",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-        turns = schedule.max_turns_at(self.state.global_step)
-        if turns is not None:
-            self._metrics[mode]["curriculum/max_turns"].append(float(turns))
-
-    def _with_scores(
-        self,
-        batch: TurnBatch,
-        everyone: list[Trajectory],
-        samples: list[Sample],
-        output: dict[str, Any],
-        needs: tuple[str, ...],
-        value_rows: list[dict[int, int]] | None,
-    ) -> tuple[TurnBatch, dict[tuple[int, int], int]]:
-        """The score stage's quantities for an estimator that needs them (``needs``: ``logps`` and
-        ``ref_logps`` per model token, ``values`` per turn, read where ``value_rows`` says:
-        :func:`~envhub_trl.critic.turn_starts`): read off TRL's scoring where it computed them,
-        else computed here without gradients; gathered over processes into ``batch``'s order.
-        Returns the batch with them, and where each (episode, turn)'s tokens start
-        (:func:`token_order`)."""
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        width = output["completion_ids"].shape[1]
-        batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
-        token_scores, values = {}, None
-        with torch.no_grad():
-            logps = output.get("old_per_token_logps")
-            if "values" in needs or ("logps" in needs and logps is None):
-                capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
-                with capture as hidden:
-                    fresh, _, _ = self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)
-                logps = fresh if logps is None else logps
-                if "values" in needs:
-                    positions, _ = value_positions(value_rows, output["prompt_ids"].shape[1])
-                    values = read_values(self.value_head, torch.cat(hidden), positions).float().cpu().numpy()
-            if "logps" in needs:
-                token_scores["logps"] = logps
-            if "ref_logps" in needs:
-                ref = output.get("ref_per_token_logps")
-                token_scores["ref_logps"] = ref if ref is not None else self._reference_logps(input_ids, attention, width, batch_size)
-        local: dict[tuple[int, int], dict[str, Any]] = {}
-        for name, value in token_scores.items():
-            for key, entries in turn_token_values(samples, value.float().cpu().numpy()).items():
-                local.setdefault(key, {})[name] = entries
-        if values is not None:
-            for row, starts_of_row in enumerate(value_rows):
-                for k, turn in enumerate(sorted(starts_of_row)):
-                    local.setdefault((samples[row].trajectory_index, turn), {})["values"] = float(values[row, k])
-        gathered = dict(gather_object(list(local.items())))
-        turn_counts = [t.num_turns for t in everyone]
-        first = next(iter(token_scores), None)
-        lengths = {key: len(entry[first]) for key, entry in gathered.items() if first in entry} if first else {}
-        token_turn, starts = token_order(turn_counts, lengths)
-        ordered = sorted((key for key in gathered if key in lengths), key=starts.__getitem__)
-        fields = {name: np.concatenate([gathered[key][name] for key in ordered] or [np.zeros(0)]) for name in token_scores}
-        if values is not None:
-            fields["values"] = np.array([gathered.get((g, k), {}).get("values", 0.0) for g, n in enumerate(turn_counts) for k in range(n)])
-        return batch.with_scores(token_turn, **fields), starts
-
-    def _critic_targets(
-        self,
-        output: dict[str, Any],
-        samples: list[Sample],
-        starts: list[dict[int, int]],
-        batch: TurnBatch,
-        returns: np.ndarray,
-        row_keep: list[bool],
-    ) -> None:
-        """Put what PPO's value loss reads into ``output``: where each row's turn values are read
-        (``starts``: :func:`~envhub_trl.critic.turn_starts`), their old values and GAE returns, and a
-        mask (0 on padding and on dropped groups)."""
-        positions, mask = value_positions(starts, output["prompt_ids"].shape[1])
-        first_turn = np.cumsum([0] + [int(n) for n in np.bincount(batch.traj_index, minlength=batch.num_episodes)])
-        old, targets = torch.zeros(mask.shape), torch.zeros(mask.shape)
-        for row, starts_of_row in enumerate(starts):
-            for k, turn in enumerate(sorted(starts_of_row)):
-                index = first_turn[samples[row].trajectory_index] + turn
-                old[row, k], targets[row, k] = float(batch.values[index]), float(returns[index])
-        mask = mask * torch.tensor([float(kept) for kept in row_keep]).unsqueeze(1)
-        device = self.accelerator.device
-        output.update(value_positions=positions.to(device), value_mask=mask.to(device), old_values=old.to(device), value_returns=targets.to(device))
-
-    def _reference_logps(self, input_ids: torch.Tensor, attention: torch.Tensor, width: int, batch_size: int) -> torch.Tensor:
-        """Per-token log-probs of the reference model: TRL's own where it made one (``beta`` > 0),
-        the base model under a PEFT adapter, else a frozen copy of the policy taken when RL first
-        needs it (after any warm start; on a resumed run, the checkpoint's weights)."""
-        model = self.accelerator.unwrap_model(self.model)
-        if self.ref_model is not None:
-            reference = self.ref_model
-        elif hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
-            with model.disable_adapter():
-                return self._get_per_token_logps_and_entropies(self.model, input_ids, attention, width, batch_size=batch_size)[0]
-        else:
-            if self._reference is None:
-                self._reference = copy.deepcopy(model).eval().requires_grad_(False)
-            reference = self._reference
-        return self._get_per_token_logps_and_entropies(reference, input_ids, attention, width, batch_size=batch_size)[0]
-
-    def _step_rows(
-        self, inputs: list[dict[str, Any]], trajectories: list[Trajectory], mode: str
-    ) -> tuple[list[dict[str, Any]], list[Sample]]:
-        """The step layout's rows: one per turn of ``trajectories`` (global indices), padded with
-        masked rows (``trajectory_index`` -1).
-
-        Every process gets the same number of rows (TRL gathers rewards row by row), a multiple
-        of ``num_generations`` (TRL groups rewards) and, in training, of ``steps_per_generation``
-        (TRL splits the batch into that many equal micro-batches).
-        """
-        rows, samples = [], []
-        for i, trajectory in enumerate(trajectories):
-            for sample in trajectory.step_samples():
-                samples.append(sample)
-                rows.append({**inputs[i], "prompt": self.processing_class.decode(sample.prompt_ids)})
-        group = self.num_generations if mode == "train" else self.num_generations_eval
-        multiple = math.lcm(group, self.args.steps_per_generation if mode == "train" else 1)
-        most = int(self.accelerator.gather(torch.tensor([len(samples)], device=self.accelerator.device)).max())
-        target = -(-most // multiple) * multiple
-        filler = samples[0]
-        for _ in range(target - len(samples)):
-            samples.append(dataclasses.replace(filler, env_mask=[0] * len(filler.env_mask), trajectory_index=-1))
-            rows.append(dict(rows[0]))  # TRL writes the rollout's extra columns into each row
-        return rows, samples
-
-    def _log_token_advantages(self, samples: list[Sample], advantages: np.ndarray) -> None:
-        """Put the advantages the loss uses in TRL's completions log (mean over each row's model tokens)."""
-        means = []
-        for row, sample in enumerate(samples):
-            mask = np.asarray(sample.env_mask, dtype=bool)
-            means.append(float(advantages[row, : len(mask)][mask].mean()) if mask.any() else 0.0)
-        means = gather_object(means)
-        logged = self._logs["advantages"]
-        for back, value in enumerate(reversed(means), start=1):
-            if back <= len(logged):
-                logged[-back] = value
+        self.log_metrics(mode, {f"rollout/importance_weight_{name}": value for name, value in stats.items()})
+        self.log_metrics(mode, staleness_metrics([staleness] * len(output["completion_ids"]), self.args.max_staleness))
 
     # ------------------------------------------------------------------ loss
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
-        """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn (see
-        :meth:`_get_per_token_logps_and_entropies`)."""
-        self._loss_inputs = inputs if self.args.ratio_type == "segment" else None
-        try:
+        """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn
+        (:meth:`~envhub_trl.trl_bridge.TRLBridge.loss_inputs`); PPO adds its clipped value loss."""
+        with self.loss_inputs(inputs):
             if self.value_head is None:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             with captured_hidden_states(model) as hidden:
@@ -589,11 +314,9 @@ class EnvGRPOTrainer(GRPOTrainer):
             values = read_values(self.value_head, hidden[-1], inputs["value_positions"])
             value_loss = clipped_value_loss(values, inputs["old_values"], inputs["value_returns"], inputs["value_mask"], self.args.cliprange_value)
             mode = "train" if self.model.training else "eval"
-            self._metrics[mode]["critic/value_loss"].append(float(value_loss.detach()))
+            self.log_metrics(mode, {"critic/value_loss": float(value_loss.detach())})
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             return loss + self.args.vf_coef * value_loss / scale
-        finally:
-            self._loss_inputs = None
 
     def create_optimizer(self, model: Any = None) -> Any:
         """``transformers.Trainer``'s optimizer, with PPO's value head as one more parameter group
@@ -604,21 +327,6 @@ class EnvGRPOTrainer(GRPOTrainer):
             if not any(id(p) in held for p in self.value_head.parameters()):
                 optimizer.add_param_group({"params": list(self.value_head.parameters()), "weight_decay": 0.0})
         return optimizer
-
-    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
-        """TRL's per-token log-probs; inside the loss with ``ratio_type="segment"``, each model token's
-        log-prob ``lp`` becomes ``old + mean over its turn of (lp - old)``, so that TRL's token ratio
-        ``exp(lp' - old)`` is the turn's ratio: the geometric mean of its token ratios, clipped per
-        turn by TRL's clipping, its gradient shared by the turn's tokens (GSPO's sequence ratio, per
-        turn). Environment tokens are left alone (they are out of the loss)."""
-        logps, *rest = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        inputs = self._loss_inputs
-        if inputs is not None and "turn_ids" in inputs:
-            old = inputs.get("old_per_token_logps")
-            old = logps.detach() if old is None else old
-            mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
-            logps = torch.where(mask.bool(), old + segment_mean(logps - old, inputs["turn_ids"], mask), logps)
-        return (logps, *rest)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -638,28 +346,23 @@ class EnvGRPOTrainer(GRPOTrainer):
             run_state.restore(self, checkpoint)
         return super().train(str(checkpoint) if checkpoint is not None else None, *args, **kwargs)
 
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """A Trainer checkpoint, with envhub's run state in it (:func:`envhub_trl.run_state.save`),
-        written first so that the Trainer's own state file, written last, marks a complete folder."""
-        run_state.save(self, Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
-        super()._save_checkpoint(model, trial)
+    def on_checkpoint(self, folder: Path) -> None:
+        """envhub's run state (:func:`envhub_trl.run_state.save`) in every checkpoint."""
+        run_state.save(self, folder)
 
-    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
-        """Save as ``transformers.Trainer`` does (every checkpoint and ``save_model`` come here),
-        plus ``envhub.json``: the prompt settings and env this model trains on, which ``envhub
-        eval`` and ``envhub run --policy`` load so that it is evaluated on its own prompts."""
-        super()._save(output_dir, state_dict)
-        folder = output_dir if output_dir is not None else self.args.output_dir
+    def on_save(self, folder: str) -> None:
+        """Beside every saved model, ``envhub.json``: the prompt settings and env it trains on, which
+        ``envhub eval`` and ``envhub run --policy`` load so that it is evaluated on its own prompts;
+        and PPO's value head."""
         self.args.trained_on().save(folder)
         if self.value_head is not None:
             self.value_head.save(folder)
 
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        """Load a checkpoint as ``transformers.Trainer`` does, and PPO's value head with it (a
-        checkpoint without one, say from a GRPO run, leaves the head as it starts, at 0)."""
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
-        if self.value_head is not None and not self.value_head.load(resume_from_checkpoint):
-            warnings.warn(f"{resume_from_checkpoint} holds no value head; PPO's critic starts from 0", stacklevel=2)
+    def on_load(self, folder: str) -> None:
+        """PPO's value head from a checkpoint (one without, say from a GRPO run, leaves the head as
+        it starts, at 0)."""
+        if self.value_head is not None and not self.value_head.load(folder):
+            warnings.warn(f"{folder} holds no value head; PPO's critic starts from 0", stacklevel=3)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -693,54 +396,3 @@ class EnvGRPOTrainer(GRPOTrainer):
         with self._generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
             return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **settings)
-
-
-class _Snapshot:
-    """A state dict posing as a model for a generator's ``load_weights(model)``."""
-
-    def __init__(self, state: dict[str, torch.Tensor]):
-        self._state = state
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return self._state
-
-
-class _StopAsync(TrainerCallback):
-    """Stops the async producer when training ends (it would otherwise play one batch too many)."""
-
-    def __init__(self, trainer: EnvGRPOTrainer):
-        self.trainer = trainer
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.trainer._async is not None:
-            self.trainer._async.close()
-            self.trainer._async = None
-
-
-class _ZeroCriticGradients(TrainerCallback):
-    """Clear the value head's gradients after each optimizer step: the Trainer clears the model's
-    alone, and the head lives beside it, so its gradients would otherwise sum over every step so far
-    (and a resumed run, whose head starts with none, would train it differently)."""
-
-    def __init__(self, head: ValueHead):
-        self.head = head
-
-    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.head.zero_grad(set_to_none=True)
-
-
-class _AverageCriticGradients(TrainerCallback):
-    """With several processes, average the value head's gradients before each optimizer step (the
-    head lives beside the DDP-wrapped model, so DDP does not do it)."""
-
-    def __init__(self, head: ValueHead):
-        self.head = head
-
-    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return
-        world = torch.distributed.get_world_size()
-        for parameter in self.head.parameters():
-            if parameter.grad is not None:
-                torch.distributed.all_reduce(parameter.grad)
-                parameter.grad /= world

@@ -1,0 +1,223 @@
+"""The seam to TRL: the one module that names TRL's (and ``transformers.Trainer``'s) private members.
+
+TRL has no public hook for what envhub does to a generation batch (its tracker still has no
+advantage hook: TRL #7291), so envhub reaches in, here and nowhere else. Written against TRL 1.16
+(``trainers/pyproject.toml`` pins ``trl>=1.16,<1.17``); a TRL upgrade is checked against this file
+alone. What it reaches:
+
+- ``GRPOTrainer._generate_and_score_completions``: TRL makes a generation batch here. The bridge
+  hands it to the trainer's :meth:`TRLBridge.generation_batch` (envhub's stages,
+  :mod:`envhub_trl.pipeline`), which calls back :meth:`TRLBridge.trl_score` for TRL's own scoring
+  of the rows; TRL's public ``rollout_func`` hook then returns the batch's columns.
+- ``GRPOTrainer._get_per_token_logps_and_entropies``: the model's per-token log-probs, for the
+  score stage and the lag correction; inside the loss, the per-turn importance ratio
+  (``ratio_type="segment"``) replaces TRL's per-token one.
+- ``GRPOTrainer._metrics`` and ``_logs``: where TRL averages the logged metrics, and its
+  completions log (:meth:`TRLBridge.log_metrics`, :meth:`TRLBridge.log_row_advantages`).
+- ``GRPOTrainer._step`` and ``_buffered_inputs``: the micro-step counter and the generation batch
+  being trained, which a resumed run restores (:func:`micro_step`, :func:`buffered_inputs`...).
+- ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
+  where a checkpoint is written and read, so that envhub's files go with it (the trainer's
+  :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+
+from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
+from envhub_trl.pipeline import GenerationBatch
+from envhub_trl.rollout_batch import segment_mean
+
+
+class TRLBridge(GRPOTrainer):
+    """``GRPOTrainer`` with its private hooks turned into envhub's.
+
+    A subclass implements :meth:`generation_batch`, passes :meth:`rollout_columns` as
+    ``rollout_func``, and may implement :meth:`on_checkpoint`, :meth:`on_save` and :meth:`on_load`.
+    """
+
+    _in_flight: GenerationBatch | None = None  # the batch TRL is scoring, until rollout_func takes its columns
+    _loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, with ratio_type="segment"
+    _reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see reference_logps)
+
+    # ------------------------------------------------------------------ generation
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.generation_batch(inputs)
+
+    def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """One generation batch from TRL's input rows, as TRL's loss reads it."""
+        raise NotImplementedError
+
+    def trl_score(self, batch: GenerationBatch) -> dict[str, Any]:
+        """TRL's scoring of ``batch``'s rows (old and reference log-probs, its metrics and
+        completions log), on the columns :meth:`rollout_columns` hands it."""
+        self._in_flight = batch
+        return super()._generate_and_score_completions(list(batch.rows))
+
+    def rollout_columns(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
+        """TRL's ``rollout_func``: the columns of the batch being scored (played before TRL asks)."""
+        batch, self._in_flight = self._in_flight, None
+        if batch is None or len(batch.columns["prompt_ids"]) != len(prompts):
+            raise RuntimeError("EnvGRPOTrainer plays its episodes in generation_batch; rows must carry env_seed")
+        return dict(batch.columns)
+
+    def token_logps(self, model: Any, output: Mapping[str, Any], batch_size: int | None = None) -> torch.Tensor:
+        """``model``'s per-token log-probs of the completions of ``output`` (TRL's batch layout)."""
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        width = output["completion_ids"].shape[1]
+        return self._get_per_token_logps_and_entropies(model, input_ids, attention, width, batch_size=batch_size)[0]
+
+    def model_scores(
+        self, output: Mapping[str, Any], needs: tuple[str, ...], value_head: ValueHead | None, starts: list[dict[int, int]] | None
+    ) -> dict[str, Any]:
+        """The score stage's model quantities for an estimator that ``needs`` them, as numpy arrays
+        for :func:`envhub_trl.pipeline.score`: ``logps`` and ``ref_logps`` per completion token,
+        read off TRL's scoring where it computed them, else computed here without gradients;
+        ``values`` per row and turn, read where ``starts`` says (:func:`~envhub_trl.critic.turn_starts`)."""
+        batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+        scores: dict[str, Any] = {}
+        with torch.no_grad():
+            logps = output.get("old_per_token_logps")
+            if "values" in needs or ("logps" in needs and logps is None):
+                capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
+                with capture as hidden:
+                    fresh = self.token_logps(self.model, output, batch_size)
+                logps = fresh if logps is None else logps
+                if "values" in needs:
+                    positions, _ = value_positions(starts, output["prompt_ids"].shape[1])
+                    scores["values"] = read_values(value_head, torch.cat(hidden), positions).float().cpu().numpy()
+            if "logps" in needs:
+                scores["logps"] = logps.float().cpu().numpy()
+            if "ref_logps" in needs:
+                ref = output.get("ref_per_token_logps")
+                scores["ref_logps"] = (ref if ref is not None else self.reference_logps(output, batch_size)).float().cpu().numpy()
+        return scores
+
+    def reference_logps(self, output: Mapping[str, Any], batch_size: int | None) -> torch.Tensor:
+        """Per-token log-probs of the reference model: TRL's own where it made one (``beta`` > 0),
+        the base model under a PEFT adapter, else a frozen copy of the policy taken when RL first
+        needs it (after any warm start; on a resumed run, the checkpoint's weights)."""
+        model = self.accelerator.unwrap_model(self.model)
+        if self.ref_model is not None:
+            reference = self.ref_model
+        elif hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
+            with model.disable_adapter():
+                return self.token_logps(self.model, output, batch_size)
+        else:
+            if self._reference is None:
+                self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+            reference = self._reference
+        return self.token_logps(reference, output, batch_size)
+
+    def log_metrics(self, mode: str, metrics: Mapping[str, float]) -> None:
+        """Add one value per metric to what TRL averages into the next log line (``mode``:
+        ``"train"`` or ``"eval"``)."""
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+
+    def log_row_advantages(self, means: list[float]) -> None:
+        """Put the advantages the loss uses in TRL's completions log (one per row: the mean over
+        its model tokens), over TRL's sequence-level ones."""
+        means = gather_object(means)
+        logged = self._logs["advantages"]
+        for back, value in enumerate(reversed(means), start=1):
+            if back <= len(logged):
+                logged[-back] = value
+
+    @property
+    def micro_step(self) -> int:
+        """TRL's micro-step counter (it picks the slice of a generation batch a step trains on)."""
+        return self._step
+
+    # ------------------------------------------------------------------ loss
+
+    @contextlib.contextmanager
+    def loss_inputs(self, inputs: dict[str, Any]) -> Iterator[None]:
+        """Within the block, the loss's log-probs take ``inputs``' per-turn ratio (with
+        ``ratio_type="segment"``; see :meth:`_get_per_token_logps_and_entropies`)."""
+        self._loss_inputs = inputs if self.args.ratio_type == "segment" else None
+        try:
+            yield
+        finally:
+            self._loss_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
+        """TRL's per-token log-probs; inside the loss with ``ratio_type="segment"``, each model token's
+        log-prob ``lp`` becomes ``old + mean over its turn of (lp - old)``, so that TRL's token ratio
+        ``exp(lp' - old)`` is the turn's ratio: the geometric mean of its token ratios, clipped per
+        turn by TRL's clipping, its gradient shared by the turn's tokens (GSPO's sequence ratio, per
+        turn). Environment tokens are left alone (they are out of the loss)."""
+        logps, *rest = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        inputs = self._loss_inputs
+        if inputs is not None and "turn_ids" in inputs:
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+            mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+            logps = torch.where(mask.bool(), old + segment_mean(logps - old, inputs["turn_ids"], mask), logps)
+        return (logps, *rest)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def on_checkpoint(self, folder: Path) -> None:
+        """Write envhub's files into the checkpoint folder ``folder`` before the Trainer's."""
+
+    def on_save(self, folder: str) -> None:
+        """Save envhub's files beside a saved model in ``folder`` (every checkpoint, ``save_model``)."""
+
+    def on_load(self, folder: str) -> None:
+        """Load envhub's files from a checkpoint folder, after the Trainer loaded its own."""
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # envhub's files first, so that the Trainer's own state file, written last, marks a complete folder.
+        self.on_checkpoint(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
+        super()._save_checkpoint(model, trial)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        super()._save(output_dir, state_dict)
+        self.on_save(output_dir if output_dir is not None else self.args.output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self.on_load(resume_from_checkpoint)
+
+
+# ---------------------------------------------------------------------- run state (envhub_trl.run_state)
+
+
+def micro_step(trainer: Any) -> int:
+    """TRL's micro-step counter of ``trainer``."""
+    return trainer._step
+
+
+def set_micro_step(trainer: Any, step: int) -> None:
+    trainer._step = step
+
+
+def buffered_inputs(trainer: Any) -> Any:
+    """The generation batch ``trainer`` is training on (None before the first)."""
+    return trainer._buffered_inputs
+
+
+def set_buffered_inputs(trainer: Any, inputs: Any) -> None:
+    trainer._buffered_inputs = inputs
+
+
+def pending_metrics(trainer: Any) -> dict[str, list[float]]:
+    """The training metrics gathered since the last log line (which that line averages)."""
+    return {name: list(values) for name, values in trainer._metrics["train"].items()}
+
+
+def set_pending_metrics(trainer: Any, metrics: Mapping[str, list[float]]) -> None:
+    for name, values in metrics.items():
+        trainer._metrics["train"][name] = list(values)
