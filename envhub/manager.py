@@ -15,6 +15,7 @@ the environment raises (recorded with the error), or when the next prompt would 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from envhub.actions import env_format_name, get_format
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
-from envhub.prompts import UNFINISHED_REPLIES
+from envhub.prompts import BARE_PROMPT, PromptSettings
 from envhub.registration import spec
 from envhub.trajectory import Trajectory, Turn
 
@@ -77,33 +78,22 @@ class EnvGroupManager:
         env_kwargs: keyword arguments for ``envhub.make``; with a mapping of ids, a mapping from
             id to its keyword arguments.
         layout: ``"trajectory"`` (one sample per episode) or ``"step"`` (one per turn).
-        history_turns: in the step layout, how many earlier turns each prompt shows.
         tokenizer: a Hugging Face tokenizer with a chat template; None keeps the manager in text
             (no token ids), enough for model-free policies.
-        max_prompt_tokens: the context budget: an episode whose next prompt would be longer ends,
-            truncated. None for no budget. Needs a tokenizer.
-        format_penalty: added to the reward of every invalid reply (format or illegal action).
-        unfinished_replies: ``"parse"`` (the default) reads a reply whose generation hit the token
-            limit (``finish_reason == "length"``) like any other; ``"invalid"`` makes it an
-            invalid action whatever it says. With ``"parse"``, a policy trained under a short
-            limit can learn to run past its answer and leave the limit to end its turn (DAPO
-            punishes overlong replies, TRL can mask them, for the same reason).
-        action_format: the reply format, by name (``"answer"``, ``"think-answer"``, ``"tool-call"``,
-            or one a plugin registered) or a format object; None plays each env in its own
-            (``tool-call`` for a :class:`~envhub.core.ToolEnv`, ``answer`` otherwise).
-        system_prompt: text put before each environment's instructions.
-        instructions: text that replaces every environment's own instructions in the system
-            message (a short prompt for a small model); None keeps the environments'.
-        show_legal_actions: list the legal actions in each user message.
-        show_turns: start each user message with the turn count (``Turn 2 of 8; 7 actions left.``).
-            A tiny model trained from scratch can fit the expert's moves to the turn number
-            instead of reading its observation.
+        prompt: what the model sees and how its replies are read (:class:`~envhub.prompts.PromptSettings`:
+            instructions, system prompt, reply format, legal actions, turn count, context
+            budget, history window, format penalty, unfinished replies); None:
+            :data:`~envhub.prompts.BARE_PROMPT`, the defaults without a context budget. A
+            budget (``max_prompt_tokens``) needs a tokenizer; ``action_format`` may also be a
+            format object.
         executor: where the environments live (default: in this process).
         per_env: with a mix, settings an env id sets for itself, overriding the arguments above:
             ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
             FrozenLake and Sokoban needs two sets of short instructions and turn limits).
         max_invalid_streak: end an episode (truncated, end reason ``"invalid"``) after this many
             invalid replies in a row; None plays on to the turn limit.
+        **prompt_fields: fields of ``prompt`` given one by one (``history_turns=1``), over
+            ``prompt``'s.
     """
 
     def __init__(
@@ -116,20 +106,21 @@ class EnvGroupManager:
         max_turns: int | None = None,
         env_kwargs: Mapping[str, Any] | None = None,
         layout: str = "trajectory",
-        history_turns: int = 2,
         tokenizer: Any | None = None,
-        max_prompt_tokens: int | None = None,
-        format_penalty: float = 0.0,
-        unfinished_replies: str = "parse",
-        action_format: str | Any | None = None,
-        system_prompt: str | None = None,
-        instructions: str | None = None,
-        show_legal_actions: bool = True,
-        show_turns: bool = True,
+        prompt: PromptSettings | None = None,
         executor: Any | None = None,
         per_env: Mapping[str, Mapping[str, Any]] | None = None,
         max_invalid_streak: int | None = None,
+        **prompt_fields: Any,
     ):
+        unknown = sorted(set(prompt_fields) - {f.name for f in dataclasses.fields(PromptSettings)})
+        if unknown:
+            raise TypeError(f"EnvGroupManager got unexpected keyword arguments {unknown}")
+        #: What the model sees and how its replies are read (PromptSettings checks its own rules).
+        self.prompt = dataclasses.replace(prompt if prompt is not None else BARE_PROMPT, **prompt_fields)
+        history_turns, max_prompt_tokens = self.prompt.history_turns, self.prompt.max_prompt_tokens
+        system_prompt, instructions, action_format = self.prompt.system_prompt, self.prompt.instructions, self.prompt.action_format
+        show_legal_actions, show_turns = self.prompt.show_legal_actions, self.prompt.show_turns
         if isinstance(env_id, str):
             if num_groups is None:
                 raise ValueError("num_groups is required with a single env id")
@@ -147,8 +138,6 @@ class EnvGroupManager:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if history_turns < 0:
-            raise ValueError(f"history_turns must be >= 0, got {history_turns}")
         if max_prompt_tokens is not None and tokenizer is None:
             raise ValueError("max_prompt_tokens counts tokens: give the manager a tokenizer too")
         if max_invalid_streak is not None and max_invalid_streak < 1:
@@ -165,10 +154,8 @@ class EnvGroupManager:
         self.layout = layout
         self.history_turns = history_turns
         self.max_prompt_tokens = max_prompt_tokens
-        self.format_penalty = float(format_penalty)
-        if unfinished_replies not in UNFINISHED_REPLIES:
-            raise ValueError(f"unfinished_replies must be one of {UNFINISHED_REPLIES}, got {unfinished_replies!r}")
-        self.unfinished_replies = unfinished_replies
+        self.format_penalty = float(self.prompt.format_penalty)
+        self.unfinished_replies = self.prompt.unfinished_replies
         chosen = get_format(action_format) if isinstance(action_format, str) else action_format
         #: The reply format of each env id (a mix of tool and text envs plays each in its own).
         self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}

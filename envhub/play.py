@@ -20,7 +20,7 @@ from envhub.error import EnvhubError, PolicyError
 from envhub.executors import InProcessExecutor
 from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
-from envhub.prompts import PromptSettings
+from envhub.prompts import BARE_PROMPT, PromptSettings
 from envhub.rollout import Trajectory, rollout
 from envhub.tools import call_from_python, describe_tools
 
@@ -38,7 +38,9 @@ class Player:
         tokenizer: the model's tokenizer, with a chat template; None plays in text (model-free
             generators read the prompt's legal actions, expert action and messages).
         sampling: how the generator samples (greedy by default).
-        prompt: the prompt settings the model plays under (a checkpoint's ``envhub.json``).
+        prompt: the prompt settings the model plays under (a checkpoint's ``envhub.json``; by
+            default :data:`~envhub.prompts.BARE_PROMPT`, without a context budget). Without a
+            tokenizer the budget is dropped: it counts tokens.
         env_kwargs: the env settings it trained with (``envhub run`` makes the env with them).
         max_turns: the turn limit it trained with.
     """
@@ -46,7 +48,7 @@ class Player:
     generator: Generator
     tokenizer: Any | None = None
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
-    prompt: PromptSettings = field(default_factory=lambda: PromptSettings(max_prompt_tokens=None))
+    prompt: PromptSettings = field(default_factory=lambda: BARE_PROMPT)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int | None = None
 
@@ -60,12 +62,10 @@ class Player:
 
         ``env_kwargs`` are laid over the ones the player trained with; ``max_turns`` wins over its own.
         """
-        settings = self.prompt.manager_kwargs()
-        if self.tokenizer is None:
-            settings["max_prompt_tokens"] = None  # a budget counts tokens
         return EnvGroupManager(
             env_id, 1, 1, max_turns=max_turns or self.max_turns, env_kwargs={**self.env_kwargs, **(env_kwargs or {})},
-            tokenizer=self.tokenizer, executor=InProcessExecutor(), **settings,
+            tokenizer=self.tokenizer, executor=InProcessExecutor(),
+            prompt=self.prompt if self.tokenizer is not None else self.prompt.without_budget(),
         )
 
 

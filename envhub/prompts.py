@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
 from envhub.error import EnvhubError
 
 #: The file a checkpoint folder keeps its prompt settings and training env in.
@@ -41,8 +42,12 @@ class PromptSettings:
             tool env, ``answer`` otherwise).
         show_legal_actions: list the legal actions in every user message.
         show_turns: start every user message with the turn count (``Turn 2 of 8; 7 actions left.``).
+            A tiny model trained from scratch can fit the expert's moves to the turn number
+            instead of reading its observation.
         max_prompt_tokens: the context budget in tokens: an episode whose next prompt is longer
-            ends, truncated. None for no budget.
+            ends, truncated. None for no budget. Its default, 2048, is what training, ``envhub
+            eval`` and a checkpoint without the field use; a manager or player given no settings
+            plays without a budget (:data:`BARE_PROMPT`).
         history_turns: in the step layout, how many earlier turns each prompt shows.
         format_penalty: added to the reward of every invalid reply.
         unfinished_replies: ``"parse"`` reads a reply the token limit cut off like any other;
@@ -61,12 +66,18 @@ class PromptSettings:
     show_turns: bool = True  # last: positional construction of the older fields keeps working
 
     def __post_init__(self) -> None:
+        # The one place these rules are checked: the manager, the player and the trainer's config
+        # (whose FIELD_BOUNDS include PROMPT_BOUNDS) all build or check their settings with them.
         if self.unfinished_replies not in UNFINISHED_REPLIES:
             raise ValueError(f"unfinished_replies must be one of {UNFINISHED_REPLIES}, got {self.unfinished_replies!r}")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be at least 1 (or None), got {self.max_prompt_tokens}")
-        if self.history_turns < 0:
-            raise ValueError(f"history_turns must be >= 0, got {self.history_turns}")
+        check_bounds(self, PROMPT_BOUNDS)
+        if self.history_turns is None:
+            raise ValueError("history_turns must be >= 0, got None")
+
+    def without_budget(self) -> PromptSettings:
+        """These settings with no context budget (``max_prompt_tokens`` None): a budget counts
+        tokens, so a manager without a tokenizer plays with none."""
+        return dataclasses.replace(self, max_prompt_tokens=None)
 
     def manager_kwargs(self) -> dict[str, Any]:
         """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of these settings."""
@@ -97,6 +108,21 @@ class PromptSettings:
 
 #: What becomes of a reply the token limit cut off before it ended its turn.
 UNFINISHED_REPLIES = ("parse", "invalid")
+
+#: The bounds of the numeric prompt settings (:mod:`envhub.bounds`), checked by
+#: :class:`PromptSettings` and, before anything loads, by the trainer's config.
+PROMPT_BOUNDS: dict[str, Bounds] = {
+    "max_prompt_tokens": AT_LEAST_ONE,
+    "history_turns": NON_NEGATIVE,
+    "format_penalty": Bounds(),
+}
+
+#: The settings of a manager (:class:`~envhub.manager.EnvGroupManager`) or player
+#: (:class:`~envhub.play.Player`) given none: :class:`PromptSettings`' defaults without a context
+#: budget. Why the budget differs from the 2048 that training and evaluation use: a budget counts
+#: tokens and a bare manager may have no tokenizer, and managers and players built by hand have
+#: always played without one, so their episodes stay what they were.
+BARE_PROMPT = PromptSettings().without_budget()
 
 #: The prompt settings an env of a mix may set for itself (the rest shape the model's replies and
 #: its context, so they are one per run).

@@ -3,13 +3,18 @@
 Fields are grouped as follows.
 
 Environment:
-    ``env_id``, ``env_kwargs``, ``max_turns``, ``format_penalty``, ``action_format``,
-    ``system_prompt``, ``instructions``, ``show_legal_actions``, ``max_prompt_tokens``, ``num_train_seeds``;
-    ``envs`` (a mix of environments, :mod:`envhub_trl.mix`) instead of ``env_id``; ``curriculum``
+    ``env_id``, ``env_kwargs``, ``max_turns``, ``num_train_seeds``; ``envs`` (a mix of
+    environments, :mod:`envhub_trl.mix`) instead of ``env_id``; ``curriculum``
     (:mod:`envhub_trl.curriculum`).
+Prompt settings (:class:`envhub.prompts.PromptSettings`, whose defaults and rules they take):
+    ``prompt``, a mapping of them, or each as a flat field of its own name (an alias):
+    ``instructions``, ``system_prompt``, ``action_format``, ``show_legal_actions``, ``show_turns``,
+    ``max_prompt_tokens``, ``history_turns``, ``format_penalty``, ``unfinished_replies``.
+    :meth:`EnvGRPOConfig.prompt_settings` is the run's value, which every manager, the evaluation
+    and each checkpoint (``envhub.json``) receive.
 Batches:
     ``groups_per_step`` (env groups per generation batch), ``group_size`` (= ``num_generations``,
-    members per group, all reset with one seed), ``sample_layout``, ``history_turns``.
+    members per group, all reset with one seed), ``sample_layout``.
 Generation:
     ``generator`` (``hf``, ``vllm`` or ``vllm-server``), ``vllm_server_url``, ``generator_kwargs``,
     ``max_turn_tokens``; temperature, top-p and top-k are TRL's own fields, used both to sample and
@@ -40,7 +45,7 @@ TRL's own fields:
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -53,81 +58,32 @@ from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
 
 from envhub.executors import EXECUTORS
-from envhub.prompts import PromptSettings, TrainedOn
+from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
+from envhub.prompts import PROMPT_BOUNDS, PromptSettings, TrainedOn
 
 NORMS = ("mean", "mean_std")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
 RATIO_TYPES = ("token", "segment")
+#: The prompt settings' defaults, which the flat prompt fields below take (declared once, in PromptSettings).
+PROMPT_DEFAULTS = PromptSettings()
 
-
-@dataclass(frozen=True)
-class Bounds:
-    """The values a numeric config field accepts: finite numbers from ``low`` to ``high`` (each
-    bound inclusive unless open; None: unbounded), or one of ``also``; None where the field allows it.
-
-    Attributes:
-        low: the smallest value (None: no lower bound).
-        high: the largest value (None: no upper bound).
-        low_open: ``low`` itself is refused.
-        high_open: ``high`` itself is refused.
-        also: values outside the range that mean something (``max_steps=-1``: train by epochs).
-        meaning: what the values of ``also`` mean, for the message.
-    """
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    also: tuple[float, ...] = ()
-    meaning: str = ""
-
-    def admits(self, value: float) -> bool:
-        """Whether ``value`` is in bounds."""
-        if value in self.also:
-            return True
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            return False
-        return self.high is None or (value < self.high or (not self.high_open and value == self.high))
-
-    def describe(self) -> str:
-        """The bounds in words: ``> 0``, ``in [0, 1]``, ``>= 1, or -1 (...)``."""
-        if self.low is not None and self.high is not None:
-            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-        elif self.low is not None:
-            text = f"{'>' if self.low_open else '>='} {self.low:g}"
-        elif self.high is not None:
-            text = f"{'<' if self.high_open else '<='} {self.high:g}"
-        else:
-            text = "a finite number"
-        if self.also:
-            text += f", or {' or '.join(f'{v:g}' for v in self.also)} ({self.meaning})"
-        return text
-
-
-AT_LEAST_ONE = Bounds(low=1)
-NON_NEGATIVE = Bounds(low=0)
 POSITIVE = Bounds(low=0, low_open=True)
 UNIT = Bounds(low=0, high=1)
 
 #: Every numeric field of :class:`EnvGRPOConfig`, its own and the TRL/transformers fields a run
-#: reads, with the values it accepts: checked once, in ``__post_init__``, before anything loads.
-#: A value out of range would otherwise fail late (``group_size: 0`` divides by zero inside TRL,
-#: ``temperature: -1`` only once the first evaluation samples) or silently mean something else
-#: (``max_steps: -3`` trains by epochs).
+#: reads, with the values it accepts: checked once, in ``__post_init__``, before anything loads
+#: (:mod:`envhub.bounds`). The prompt settings' bounds are :class:`~envhub.prompts.PromptSettings`'
+#: own (:data:`~envhub.prompts.PROMPT_BOUNDS`), declared there once.
 FIELD_BOUNDS: dict[str, Bounds] = {
+    **PROMPT_BOUNDS,
     # Environment
     "max_turns": AT_LEAST_ONE,
-    "format_penalty": Bounds(),
-    "max_prompt_tokens": AT_LEAST_ONE,
     "num_train_seeds": AT_LEAST_ONE,
     # Batches (group_size is num_generations after the alias is resolved; GRPO compares members of a group)
     "groups_per_step": AT_LEAST_ONE,
     "group_size": Bounds(low=2),
-    "history_turns": NON_NEGATIVE,
     "per_device_train_batch_size": AT_LEAST_ONE,
     "gradient_accumulation_steps": AT_LEAST_ONE,
     "generation_batch_size": AT_LEAST_ONE,
@@ -177,22 +133,6 @@ FIELD_BOUNDS: dict[str, Bounds] = {
 }
 
 
-def check_bounds(values: Any, bounds: dict[str, Bounds] = FIELD_BOUNDS) -> None:
-    """Refuse the first field of ``values`` (an object with those attributes) out of its bounds.
-
-    None passes (where a field allows None, it means "unset"); a bool is not a number here.
-
-    Raises:
-        ValueError: naming the field, its bounds and the value.
-    """
-    for name, allowed in bounds.items():
-        value = getattr(values, name, None)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed.admits(value):
-            raise ValueError(f"{name} must be {allowed.describe()}, got {value!r}")
-
-
 def _served(generator: str) -> bool:
     """Whether the generator backend plays on a server at ``vllm_server_url``."""
     found = BACKENDS.get(generator)
@@ -226,34 +166,42 @@ class EnvGRPOConfig(GRPOConfig):
         },
     )
     env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
+    prompt: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "The prompt settings as one mapping (envhub.prompts.PromptSettings: instructions, system_prompt, action_format, "
+            "show_legal_actions, show_turns, max_prompt_tokens, history_turns, format_penalty, unfinished_replies); each is "
+            "also a flat field of its own name."
+        },
+    )
     max_turns: int | None = field(default=None, metadata={"help": "Turn limit of every episode; None keeps the env's registered limit."})
-    format_penalty: float = field(default=0.0, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
+    format_penalty: float = field(default=PROMPT_DEFAULTS.format_penalty, metadata={"help": "Added to the reward of every invalid reply (usually negative, e.g. -0.1)."})
     unfinished_replies: Literal["parse", "invalid"] = field(
-        default="parse",
+        default=PROMPT_DEFAULTS.unfinished_replies,
         metadata={"help": "A reply cut off at max_turn_tokens before it ended its turn: 'parse' reads it like any other, 'invalid' refuses it (with format_penalty)."},
     )
     action_format: str | None = field(
-        default=None,
+        default=PROMPT_DEFAULTS.action_format,
         metadata={
             "help": "Reply format: `answer` (<answer>..</answer>), `think-answer`, `tool-call` (<tool_call>{json}</tool_call>, "
             "checked against a tool env's schemas), `tool-calls` (up to 4 per reply) or a plugin's; None: each env's own "
             "(`tool-call` for tool envs, `answer` otherwise)."
         },
     )
-    system_prompt: str | None = field(default=None, metadata={"help": "Text put before the environment's instructions in the system message."})
+    system_prompt: str | None = field(default=PROMPT_DEFAULTS.system_prompt, metadata={"help": "Text put before the environment's instructions in the system message."})
     instructions: str | None = field(
-        default=None, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}
+        default=PROMPT_DEFAULTS.instructions, metadata={"help": "Replaces the environment's own instructions in the system message (a short prompt for small models)."}
     )
-    show_legal_actions: bool = field(default=True, metadata={"help": "List the legal actions in every user message."})
+    show_legal_actions: bool = field(default=PROMPT_DEFAULTS.show_legal_actions, metadata={"help": "List the legal actions in every user message."})
     show_turns: bool = field(
-        default=True,
+        default=PROMPT_DEFAULTS.show_turns,
         metadata={
             "help": "Start every user message with the turn count ('Turn 2 of 8; 7 actions left.'). A tiny model trained from "
             "scratch can fit the expert's moves from the turn number alone and never learn to read its observation."
         },
     )
     max_prompt_tokens: int | None = field(
-        default=2048, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
+        default=PROMPT_DEFAULTS.max_prompt_tokens, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
     )
     num_train_seeds: int = field(
         default=100_000, metadata={"help": "Training groups reset with seeds 0 .. num_train_seeds - 1 (the trainer's dataset)."}
@@ -273,7 +221,7 @@ class EnvGRPOConfig(GRPOConfig):
             "bounded context for long episodes). A micro-batch then holds the turns of per_device_train_batch_size episodes."
         },
     )
-    history_turns: int = field(default=2, metadata={"help": "In the step layout, how many earlier turns each prompt shows."})
+    history_turns: int = field(default=PROMPT_DEFAULTS.history_turns, metadata={"help": "In the step layout, how many earlier turns each prompt shows."})
     generator: str = field(
         default="hf",
         metadata={
@@ -507,8 +455,23 @@ class EnvGRPOConfig(GRPOConfig):
             raise ValueError(f"set env_id or envs, not both (env_id {self.env_id!r} is not one of envs)")
         self.env_id = self._entries[0].env_id
 
+    def _apply_prompt(self) -> None:
+        """Copy the ``prompt`` mapping onto the flat prompt fields (its aliases), refusing a key
+        that is not a prompt setting and a setting given both ways with two values."""
+        names = [f.name for f in dataclasses.fields(PromptSettings)]
+        unknown = sorted(set(self.prompt) - set(names))
+        if unknown:
+            raise ValueError(f"prompt: unknown prompt settings {unknown}; known: {names}")
+        for name, value in self.prompt.items():
+            flat = getattr(self, name)
+            if flat != getattr(PROMPT_DEFAULTS, name) and flat != value:
+                raise ValueError(f"{name} is set twice, {flat!r} as a field and {value!r} under prompt; set one of them")
+            setattr(self, name, value)
+
     def __post_init__(self) -> None:
         self._parse_envs()
+        if self.prompt is not None:
+            self._apply_prompt()
         if self.group_size is not None:
             self.num_generations = self.group_size
         self.group_size = self.num_generations
@@ -523,7 +486,8 @@ class EnvGRPOConfig(GRPOConfig):
                     raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
                 setattr(self, name, value)
             setattr(self, alias, getattr(self, name))
-        check_bounds(self)  # before any value is used: one rule per field, in FIELD_BOUNDS
+        check_bounds(self, FIELD_BOUNDS)  # before any value is used: one rule per field, in FIELD_BOUNDS
+        self.prompt_settings()  # the prompt settings' other rules (PromptSettings checks them)
         if self.rollout_mode not in ROLLOUT_MODES:
             raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
         if self.rollout_mode == "async" and (_served(self.generator) or self.curriculum is not None):
