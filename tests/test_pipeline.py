@@ -58,6 +58,19 @@ def test_gather_gives_global_indices_and_groups_and_marks_dropped_groups():
     assert own[0].index == 0  # the played episodes are left as they were
 
 
+def test_play_then_gather_on_a_real_manager_without_a_model():
+    from envhub.generation import ExpertGenerator, SamplingParams
+    from envhub.manager import EnvGroupManager
+
+    manager = EnvGroupManager("frozenlake/FrozenLakeNotSlippery-v0", 2, 2, max_turns=8)
+    local, stats = pipeline.play(manager, ExpertGenerator(), SamplingParams(), seeds=[5, 6])
+    assert [t.seed for t in local] == [5, 5, 6, 6] and stats.metrics()["rollout/turns_per_s"] > 0
+    batch = pipeline.gather(local, group_size=2, drop_tied=True)
+    assert all(t.success for t in batch.episodes)
+    np.testing.assert_array_equal(batch.turns.traj_groups, [0, 0, 1, 1])
+    assert not batch.keep.any()  # the expert succeeds in every member: every group ties
+
+
 def test_gather_refuses_an_episode_without_a_turn():
     empty = Trajectory(env_id="test/Env-v0", group_id=0, member=0, seed=7, index=0, end_reason="context")
     with pytest.raises(RolloutError, match="seed 7.*max_prompt_tokens"):

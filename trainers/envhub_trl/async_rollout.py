@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from envhub.rollout import RolloutStats, Trajectory, rollout
+from envhub.rollout import RolloutStats, Trajectory
+from envhub_trl import pipeline
 from envhub_trl.callbacks import StopAsync
 from envhub_trl.generators import capabilities_of
 
@@ -206,10 +207,8 @@ def start_producer(trainer: Any, model: Any, rows: int, group_size: int) -> Asyn
         rng = np.random.default_rng([args.seed, 0xA5, batch])
         seeds = np.repeat(rng.integers(0, args.num_train_seeds, groups), group_size)[offset : offset + rows].tolist()
         manager, reset_seeds = trainer._manager_for(seeds, group_size, owner="async")
-        stats = RolloutStats()
         with trainer._generator_lock:
-            trajectories = rollout(manager, generator, trainer._sampling(batch), seeds=reset_seeds, mode="continuous", stats=stats)
-        return trajectories, stats
+            return pipeline.play(manager, generator, trainer._sampling(batch), seeds=reset_seeds, mode="continuous")
 
     def load_locked(snapshot: Any) -> None:
         with trainer._generator_lock:

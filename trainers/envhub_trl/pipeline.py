@@ -3,15 +3,16 @@
 One generation batch goes through them in order, each returning a new :class:`GenerationBatch`
 with its own fields filled::
 
+    play      a manager and a generator                     -> this process's episodes
     gather    this process's episodes + every process's   -> episodes, turns, keep (group filter)
     to_rows   the episodes as TRL rows (either layout)      -> rows, samples, columns
     score     the model's per-token quantities             -> turns' logps / ref_logps / values
     estimate  the registered estimator                      -> per-turn (or per-token) advantages
     spread    the advantages over each row's model tokens   -> advantages (rows x completion width)
 
-Playing the episodes (:func:`envhub.rollout.rollout`) comes before them, and the model's forward
-passes (old, reference log-probs, the critic's values) happen in the trainer between ``to_rows``
-and ``score``: the stages take their results as numpy arrays. Nothing here imports TRL or
+``play`` makes the episodes the batch is built from. The model's forward passes (old and
+reference log-probs, the critic's values) happen in the trainer between ``to_rows`` and
+``score``, and the stages take their results as numpy arrays. Nothing here imports TRL or
 ``transformers.Trainer``, so every stage is tested with batches built by hand
 (``tests/test_pipeline.py``); :mod:`envhub_trl.trl_bridge` is where the batch meets TRL.
 
@@ -29,6 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from envhub.generation import Generator, SamplingParams
+from envhub.manager import EnvGroupManager
+from envhub.rollout import RolloutStats, rollout
 from envhub.trajectory import Sample, Trajectory, batch_columns
 from envhub_trl.advantages import select_groups
 from envhub_trl.critic import turn_starts, value_positions
@@ -98,6 +102,16 @@ class GenerationBatch:
     def turn_starts(self) -> list[dict[int, int]]:
         """Per row, where each turn's model tokens start (:func:`~envhub_trl.critic.turn_starts`)."""
         return turn_starts(self.samples)
+
+
+def play(
+    manager: EnvGroupManager, generator: Generator, sampling: SamplingParams, *, seeds: Sequence[int] | None = None, mode: str = "lockstep"
+) -> tuple[list[Trajectory], RolloutStats]:
+    """This process's episodes: one per slot of ``manager``, its groups reset with ``seeds``,
+    played with ``generator`` (``mode``: ``"lockstep"`` or ``"continuous"``, as
+    :func:`envhub.rollout.rollout`); and the rollout's statistics."""
+    stats = RolloutStats()
+    return rollout(manager, generator, sampling, seeds=seeds, mode=mode, stats=stats), stats
 
 
 def gather(

@@ -34,7 +34,7 @@ from envhub.generation import Generator, SamplingParams
 from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
-from envhub.rollout import RolloutStats, Trajectory, rollout
+from envhub.rollout import RolloutStats, Trajectory
 from envhub_trl import pipeline, run_state
 from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, start_producer, truncated_importance_weights
 from envhub_trl.callbacks import AverageCriticGradients, ZeroCriticGradients
@@ -234,10 +234,9 @@ class EnvGRPOTrainer(TRLBridge):
             trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
         else:
             manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
-            stats = RolloutStats()
             play_mode = "lockstep" if args.rollout_mode == "lockstep" else "continuous"
             with self._generator_lock:
-                trajectories = rollout(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode, stats=stats)
+                trajectories, stats = pipeline.play(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode)
         self.log_metrics(mode, stats.metrics())
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
