@@ -71,6 +71,8 @@ class TRLBridge(GRPOTrainer):
             raise RuntimeError("EnvGRPOTrainer plays its episodes in generation_batch; rows must carry env_seed")
         return dict(batch.columns)
 
+    _rollout = rollout_columns  # the name bench/trainer.py wraps to measure each batch's rows
+
     def token_logps(self, model: Any, output: Mapping[str, Any], batch_size: int | None = None) -> torch.Tensor:
         """``model``'s per-token log-probs of the completions of ``output`` (TRL's batch layout)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
