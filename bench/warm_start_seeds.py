@@ -30,6 +30,7 @@ from envhub_trl.config_file import apply_overrides, read_yaml_mapping  # noqa: E
 from envhub_trl.evaluation import evaluate_generator  # noqa: E402
 from envhub_trl.generators.hf import HFGenerator  # noqa: E402
 from envhub_trl.models import load_model_and_tokenizer  # noqa: E402
+from envhub_trl.tiny import TinySpec  # noqa: E402
 from envhub_trl.warm_start import WarmStart  # noqa: E402
 
 VALIDATION_OFFSET = 500_000_000
@@ -38,11 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def warm_start_success(values: dict, warm_start: WarmStart, seed: int, episodes: int) -> dict:
     """Warm-start the tiny model at training ``seed``; its greedy figures on the validation seeds."""
+    values = dict(values)
+    tiny = TinySpec.from_mapping(values.pop("tiny", None))
     args = EnvGRPOConfig(**{**values, "seed": seed, "output_dir": "/tmp/envhub-warm-start-seeds", "report_to": "none"})
     entry = args.env_entries()[0]
     settings = args.manager_kwargs_for(entry)
     started = time.perf_counter()
-    model, tokenizer = load_model_and_tokenizer("tiny", [entry.env_id], seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
+    model, tokenizer = load_model_and_tokenizer("tiny", [entry.env_id], seed, kwargs_by_env={entry.env_id: entry.env_kwargs}, tiny=tiny)
     losses = warm_start.run_on(model, tokenizer, [(entry.env_id, settings)], seed, reply_tokens=args.max_turn_tokens)
     trained = time.perf_counter()
     sampling = SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=0.0, seed=seed)

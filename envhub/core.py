@@ -118,6 +118,11 @@ class TextEnv(gymnasium.Env[str, str]):
 
     instructions: str = ""
     max_turns: int | None = None
+    #: Phrases of this env's observations that each carry one meaning (FrozenLake's local view:
+    #: "Down: hole."), for tokenizers trained on the env's text: the tiny model's makes each one
+    #: token when asked (``tiny: {phrase_tokens: true}``), so a small model need not learn which
+    #: word follows which to read its view. Pretrained tokenizers ignore them.
+    phrases: tuple[str, ...] = ()
 
     _turn: int = 0
     _observation: str | None = None

@@ -12,7 +12,7 @@ import envhub
 
 pytest.importorskip("textworld")
 from envhub_textworld.env import clean_feedback  # noqa: E402
-from envhub_textworld.generator import game_file, generate, story_path  # noqa: E402
+from envhub_textworld.generator import SERIAL, GenerationError, game_file, generate, stamp_serial, story_path  # noqa: E402
 from envhub_textworld.plugin import VARIANTS  # noqa: E402
 
 COOKING = next(v for v in VARIANTS if v[0] == "Cooking-level1-v0")
@@ -34,6 +34,22 @@ def test_one_seed_generates_the_same_game_in_another_process(tmp_path, monkeypat
     # virtual environments; everything else must be the same.
     assert without_install_paths(again.with_suffix(".json").read_text()) == without_install_paths(cached.with_suffix(".json").read_text())
     assert timings[0]["generate_s"] > 0 and timings[0]["compile_s"] > 0
+
+
+def test_a_compiled_game_carries_the_fixed_serial_not_its_compile_date():
+    _, challenge, settings, _, _ = COOKING
+    assert game_file(challenge, settings, 0).read_bytes()[0x12:0x18] == SERIAL
+
+
+def test_stamp_serial_rewrites_only_the_serial_and_refuses_what_is_not_a_story(tmp_path):
+    story = tmp_path / "game.z8"
+    header = bytes(range(0x12)) + b"261124" + bytes(range(0x40))
+    story.write_bytes(header)
+    stamp_serial(story)
+    assert story.read_bytes() == bytes(range(0x12)) + SERIAL + bytes(range(0x40))
+    (tmp_path / "short.z8").write_bytes(b"abc")
+    with pytest.raises(GenerationError, match="not a Z-machine story"):
+        stamp_serial(tmp_path / "short.z8")
 
 
 def _play_expert(env, seed, detour=None):

@@ -161,6 +161,20 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         """The grid with the legend's symbols, one row per line."""
         return self._grid
 
+    @property
+    def phrases(self) -> tuple[str, ...]:
+        """The local view's clauses: each direction with each tile ("Down: hole."), and each row
+        and column ("Row 2," and "column 3."); none for the grid view."""
+        if self.view == "grid":
+            return ()
+        side = max(self.size, len(self.desc) if self.desc else 0, len(self.fixed_desc or ()))
+        tiles = sorted(set(TILE_NAMES.values())) + ["edge"]
+        return (
+            tuple(f"{name}: {tile}." for name in self.action_names for tile in tiles)
+            + tuple(f"Row {k}," for k in range(1, side + 1))
+            + tuple(f"column {k}." for k in range(1, side + 1))
+        )
+
     def expert_action(self) -> str:
         """The move that maximises the chance of reaching the goal in the turns left: knowing the
         whole map (``expert="map"``) or only the tiles seen so far (``expert="view"``)."""

@@ -140,9 +140,13 @@ class ViewPlanner:
         """The move with the best success probability in ``left`` turns; ties go to the move that
         succeeds as often in fewer turns (then fewer still), then to the first in Left, Down, Right, Up.
         A tile known to be a hole is never chosen while any other move exists. It plans at most
-        :data:`PLAN_HORIZON` turns ahead."""
+        :data:`PLAN_HORIZON` turns ahead, and that far when no move can reach the goal in ``left``
+        turns: a hopeless state gets the move it would get with time to spare (which a model that
+        does not see the turn count can imitate), not an arbitrary one."""
         left = min(left, PLAN_HORIZON)
         candidates = [a for a in range(len(DELTAS)) if not self._known(belief, self._target(pos, a))] or [0]
+        if max(self.action_value(pos, left, belief, a) for a in candidates) == 0.0:
+            left = PLAN_HORIZON  # no move reaches the goal in time: play the move it would with time to spare
         for k in range(max(left, 1), 0, -1):
             values = [self.action_value(pos, k, belief, a) for a in candidates]
             best = max(values)

@@ -11,8 +11,13 @@ one seed gives the same game in any process, and a crash or hang of Inform7 stay
 caller. Files are written to a temporary folder and moved into place, so processes that ask for
 the same game at once never read a half-written one.
 
+Inform7 writes the compile date into the story's header as its serial number, so a game compiled
+on another day differed in that one field (and a game's banner printed it). :func:`stamp_serial`
+replaces it with :data:`SERIAL`, which makes a game's bytes depend on its challenge, settings and
+seed alone.
+
 Cache: ``$ENVHUB_TEXTWORLD_CACHE``, else ``$XDG_CACHE_HOME/envhub/textworld`` (``~/.cache/...``),
-one folder per TextWorld version.
+one folder per TextWorld version and cache format.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from envhub.error import EnvhubError, MissingDependency
 
 INSTALL = "pip install envhub-textworld (it pins textworld==1.7.0)"
 
+#: The serial number every compiled game carries in place of its compile date (Z-machine header
+#: bytes 0x12-0x17, six ASCII characters; the header's checksum covers bytes from 0x40 only).
+SERIAL = b"000000"
+
+#: Raised when the files a cache holds change meaning: 2 = serial number stamped.
+CACHE_FORMAT = 2
+
 #: Seconds one game may take to generate and compile before it is abandoned.
 GENERATION_TIMEOUT = 600
 
@@ -42,12 +54,12 @@ class GenerationError(EnvhubError, RuntimeError):
 
 def cache_root() -> Path:
     """``$ENVHUB_TEXTWORLD_CACHE``, else ``$XDG_CACHE_HOME/envhub/textworld`` (``~/.cache/...``),
-    under a folder for the installed TextWorld version."""
+    under a folder for the installed TextWorld version and :data:`CACHE_FORMAT`."""
     root = os.environ.get("ENVHUB_TEXTWORLD_CACHE")
     if not root:
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(cache, "envhub", "textworld")
-    return Path(root) / f"textworld-{_textworld_version()}"
+    return Path(root) / f"textworld-{_textworld_version()}-cache{CACHE_FORMAT}"
 
 
 def game_name(challenge: str, settings: Mapping[str, Any], seed: int) -> str:
@@ -134,7 +146,18 @@ def _generate_here(challenge: str, settings: Mapping[str, Any], seed: int, path:
     game = make(dict(settings), options)
     generated = time.perf_counter()
     compile_game(game, options)
+    stamp_serial(Path(path))
     return {"generate_s": generated - start, "compile_s": time.perf_counter() - generated}
+
+
+def stamp_serial(story: Path) -> None:
+    """Overwrite the compile date Inform7 writes as the story's serial number with :data:`SERIAL`."""
+    with open(story, "r+b") as f:
+        header = f.read(0x18)
+        if len(header) < 0x18 or not header[0x12:0x18].isdigit():
+            raise GenerationError(f"{story}: not a Z-machine story with a serial number (header {header[:0x18]!r})")
+        f.seek(0x12)
+        f.write(SERIAL)
 
 
 def _textworld_version() -> str:

@@ -212,21 +212,24 @@ def load_model_and_tokenizer(
     seed: int = 0,
     env_kwargs: dict[str, Any] | None = None,
     kwargs_by_env: dict[str, dict[str, Any]] | None = None,
+    tiny: Any = None,
 ) -> tuple[Any, Any]:
     """The transformers model and tokenizer ``name`` names (see :func:`resolve_model`).
 
     ``tiny`` is built in memory, its tokenizer trained on the text of ``env_ids`` made with
     ``env_kwargs`` (an observation view changes the text; ``kwargs_by_env`` gives each env of a
-    mix its own) and its weights seeded with ``seed``.
+    mix its own) and its weights seeded with ``seed``, as ``tiny`` (a
+    :class:`~envhub_trl.tiny.TinySpec`; None: the defaults) says.
 
     Raises:
         ModelNotFound: if ``name`` names no model, or a hub id cannot be had (offline, not cached).
     """
     if name == TINY:
-        from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+        from envhub_trl.tiny import TinySpec
 
-        tokenizer = build_tokenizer(environment_corpus(env_ids, env_kwargs=env_kwargs, kwargs_by_env=kwargs_by_env))
-        return build_model(tokenizer, seed=seed), tokenizer
+        return (tiny or TinySpec()).build(env_ids, seed, env_kwargs, kwargs_by_env)
+    if tiny is not None:
+        raise ModelNotFound(f"tiny settings are for --model {TINY!r}, not {name!r}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(name, env_ids, seed)

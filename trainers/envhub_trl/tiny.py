@@ -9,7 +9,8 @@ Hugging Face checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def environment_corpus(
     turns: int = 6,
     env_kwargs: dict[str, Any] | None = None,
     kwargs_by_env: dict[str, dict[str, Any]] | None = None,
+    system_per_episode: bool = False,
 ) -> Iterator[str]:
     """Yield text the environments produce: chat-rendered instructions, observations and replies.
 
@@ -77,7 +79,8 @@ def environment_corpus(
     tools in the system message, ``<tool_call>`` replies, ``<tool_response>`` results). Environments
     that fail to make are skipped.
     ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text);
-    ``kwargs_by_env`` gives some envs their own instead.
+    ``kwargs_by_env`` gives some envs their own instead. ``system_per_episode`` yields each env's
+    system message once per episode, as often as training shows it, instead of once.
     """
     for env_id in env_ids if env_ids is not None else list(envhub.registry):
         try:
@@ -87,8 +90,11 @@ def environment_corpus(
         fmt = get_format(env_format_name(env))
         renderer = ChatRenderer(fmt)
         tools = env.tool_schemas() if isinstance(env, ToolEnv) else None
-        yield f"{IM_START}system\n{renderer.system(env.instructions, tools)}{IM_END}\n"
+        system = f"{IM_START}system\n{renderer.system(env.instructions, tools)}{IM_END}\n"
+        yield system
         for seed in range(seeds):
+            if system_per_episode and seed:
+                yield system
             observation, _ = env.reset(seed=seed)
             for turn in range(turns):
                 legal = env.valid_actions()
@@ -103,12 +109,16 @@ def environment_corpus(
                     break
 
 
-def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    corpus: Iterable[str] | None = None, vocab_size: int = 1024, phrases: Iterable[str] = ()
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer with ChatML special tokens and chat template.
 
     Args:
         corpus: training text; by default :func:`environment_corpus` over every registered env.
         vocab_size: the vocabulary size (specials and the 256 byte symbols included).
+        phrases: strings that become one token each, on top of ``vocab_size`` (matched before
+            BPE, wherever they occur): see :attr:`envhub.core.TextEnv.phrases`.
     """
     tokenizer = Tokenizer(models.BPE())
     # Every digit and punctuation character is a token of its own (as Llama 3 and Qwen split
@@ -130,13 +140,17 @@ def build_tokenizer(corpus: Iterable[str] | None = None, vocab_size: int = 1024)
         show_progress=False,
     )
     tokenizer.train_from_iterator(list(corpus if corpus is not None else environment_corpus()), trainer)
-    return PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token=IM_END,
         pad_token=PAD,
         chat_template=CHAT_TEMPLATE,
         model_max_length=4096,
     )
+    phrases = list(dict.fromkeys(phrases))
+    if phrases:
+        fast.add_tokens(phrases)
+    return fast
 
 
 def build_model(
@@ -171,8 +185,94 @@ def build_model(
     return model
 
 
+@dataclasses.dataclass(frozen=True)
+class TinySpec:
+    """How ``--model tiny`` is built: a config file's ``tiny`` mapping (the defaults are the
+    model every earlier figure was measured with).
+
+    Attributes:
+        hidden_size: the width (head size is ``hidden_size / num_heads``; vLLM's CPU attention
+            wants 64).
+        num_layers: transformer layers.
+        num_heads: attention heads.
+        vocab_size: the BPE vocabulary, phrase tokens not counted.
+        phrase_tokens: each phrase the envs declare (:attr:`envhub.core.TextEnv.phrases`, e.g.
+            FrozenLake's local view "Down: hole.") becomes one token. Without them the model must
+            learn which tile word follows which direction word; with uniform attention at the
+            start it sees a bag of words, where "Down: ice. Right: hole." and "Down: hole. Right:
+            ice." look the same, and at most training seeds it never leaves that plateau.
+        system_per_episode: the tokenizer's corpus holds each env's system message once per
+            episode, as often as training shows it, rather than once: BPE merges it into fewer
+            tokens, and a shorter constant prefix leaves the observation more of the attention.
+    """
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    vocab_size: int = 1024
+    phrase_tokens: bool = False
+    system_per_episode: bool = False
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), bool if f.type in ("bool", bool) else int
+            if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 1)):
+                raise ValueError(f"tiny.{f.name} must be {'true or false' if kind is bool else 'a positive integer'}, got {value!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"tiny.hidden_size {self.hidden_size} must be a multiple of tiny.num_heads {self.num_heads}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> "TinySpec":
+        """From a config file's ``tiny`` mapping; an unknown key is an error that lists the known ones."""
+        if values is None:
+            return cls()
+        known = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(values, Mapping):
+            raise ValueError(f"tiny must be a mapping of {known}, got {values!r}")
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"unknown tiny keys {unknown}; known: {known}")
+        return cls(**values)
+
+    def build(
+        self,
+        env_ids: Sequence[str] | None,
+        seed: int = 0,
+        env_kwargs: dict[str, Any] | None = None,
+        kwargs_by_env: dict[str, dict[str, Any]] | None = None,
+    ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+        """The model (weights seeded with ``seed``) and its tokenizer, trained on the text of
+        ``env_ids`` made with ``env_kwargs`` (``kwargs_by_env``: each env its own)."""
+        corpus = environment_corpus(env_ids, env_kwargs=env_kwargs, kwargs_by_env=kwargs_by_env, system_per_episode=self.system_per_episode)
+        phrases = environment_phrases(env_ids, env_kwargs, kwargs_by_env) if self.phrase_tokens else ()
+        tokenizer = build_tokenizer(corpus, vocab_size=self.vocab_size, phrases=phrases)
+        model = build_model(tokenizer, hidden_size=self.hidden_size, num_layers=self.num_layers, num_heads=self.num_heads, seed=seed)
+        return model, tokenizer
+
+
+def environment_phrases(
+    env_ids: Iterable[str] | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    kwargs_by_env: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
+    """The :attr:`~envhub.core.TextEnv.phrases` of ``env_ids`` (None: every registered env), each
+    made as :func:`environment_corpus` makes it; envs that fail to make are skipped."""
+    phrases: list[str] = []
+    for env_id in env_ids if env_ids is not None else list(envhub.registry):
+        try:
+            env = envhub.make(env_id, **(kwargs_by_env or {}).get(env_id, env_kwargs or {}))
+        except Exception:  # as environment_corpus: a broken plugin must not stop the tokenizer
+            continue
+        phrases.extend(getattr(getattr(env, "unwrapped", env), "phrases", ()))
+    return phrases
+
+
 def build_tiny(
-    path: str | Path, seed: int = 0, corpus: Iterable[str] | None = None, env_ids: Iterable[str] | None = None
+    path: str | Path,
+    seed: int = 0,
+    corpus: Iterable[str] | None = None,
+    env_ids: Iterable[str] | None = None,
+    spec: TinySpec | None = None,
 ) -> Path:
     """Build the tiny tokenizer and model and save them to ``path``; return the path.
 
@@ -185,10 +285,17 @@ def build_tiny(
         corpus: the tokenizer's training text; by default :func:`environment_corpus` of ``env_ids``.
         env_ids: the environments whose text trains the tokenizer; None for every registered one
             (so the vocabulary depends on the installed plugins; pass ids for a fixed one).
+        spec: the model's size and tokenizer options (None: :class:`TinySpec`'s defaults);
+            ``corpus``, when given, replaces the one it would build.
     """
     path = Path(path)
-    tokenizer = build_tokenizer(corpus if corpus is not None else environment_corpus(env_ids))
-    model = build_model(tokenizer, seed=seed)
+    spec = spec or TinySpec()
+    if corpus is None:
+        env_ids = list(env_ids) if env_ids is not None else None
+        model, tokenizer = spec.build(env_ids, seed)
+    else:
+        tokenizer = build_tokenizer(corpus, vocab_size=spec.vocab_size)
+        model = build_model(tokenizer, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads, seed=seed)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(path)
     model.save_pretrained(path)

@@ -27,8 +27,9 @@ STAGES = ("initial model", "after warm start (SFT)", "after RL")
 
 
 #: Keys of a config file that are not EnvGRPOConfig fields: the warm start (a mapping of
-#: :class:`envhub_trl.warm_start.WarmStart` fields).
-RUN_KEYS = ("warm_start",)
+#: :class:`envhub_trl.warm_start.WarmStart` fields) and how ``--model tiny`` is built (a mapping
+#: of :class:`envhub_trl.tiny.TinySpec` fields).
+RUN_KEYS = ("warm_start", "tiny")
 
 
 def load_config_file(path: str | None, overrides: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
@@ -209,7 +210,8 @@ def run_training(
 ) -> dict[str, Any]:
     """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
 
-    ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included); ``warm_start`` is a
+    ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included), and may hold ``tiny``
+    (a mapping of :class:`~envhub_trl.tiny.TinySpec` fields, for ``--model tiny``); ``warm_start`` is a
     :class:`~envhub_trl.warm_start.WarmStart` (None: none). The run evaluates on
     the held-out seeds before training, after the warm start and after RL, then plays the
     reference policies on the same seeds; progress goes to stderr. The learning benchmark calls
@@ -229,6 +231,7 @@ def run_training(
     from envhub_trl.config import EnvGRPOConfig
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
+    from envhub_trl.tiny import TinySpec
     from envhub_trl.trainer import EnvGRPOTrainer
     from envhub_trl.warm_start import WarmStart
 
@@ -237,12 +240,18 @@ def run_training(
     values = dict(values)
     values.setdefault("report_to", "none")
     from_config = values.pop("resume_from_checkpoint", None)  # a config's way of saying --resume PATH
+    tiny_values = values.pop("tiny", None)
     try:
         args = EnvGRPOConfig(**values)
         args.check_envs()
+        tiny = TinySpec.from_mapping(tiny_values)
+        if tiny_values is not None and model_name != "tiny":
+            raise ValueError(f"tiny settings are for --model tiny, not {model_name!r}")
     except (TypeError, ValueError, EnvhubError) as exc:
         raise click.ClickException(f"bad configuration: {exc}") from exc
     config = {k: v for k, v in values.items() if k != "output_dir"}
+    if tiny_values is not None:
+        config["tiny"] = dict(tiny_values)
     # Only once the config is known good: --overwrite removes the earlier run.
     checkpoint = _resume_point(args.output_dir, resume, from_config, overwrite)
     record = None
@@ -255,7 +264,8 @@ def run_training(
     entries = args.env_entries()
     try:
         model, tokenizer = load_model_and_tokenizer(
-            model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries}
+            model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
+            tiny=tiny if model_name == "tiny" else None,
         )
         trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
         if record is None:
