@@ -167,3 +167,35 @@ def test_every_honoured_field_has_a_test():
     covered = set(SET_IN_LOSS) | {"num_iterations", "scale_rewards"}
     # sampling fields are covered by the trainer's seeded-sampling tests; sync_ref_model by TRL's callback
     assert set(HONOURED) - covered == {"temperature", "top_p", "top_k", "sync_ref_model"}
+
+
+@pytest.mark.slow
+def test_after_a_warm_start_the_kl_reference_is_the_warm_started_policy(tiny, tmp_path):
+    """TRL copies ``ref_model`` from the model when the trainer is built; envhub train's warm start
+    changes the weights afterwards, and ``reference_from_policy`` hands them to the reference, so
+    that ``beta`` holds RL near the warm start rather than near the initial weights."""
+    trainer = _trainer(tiny, tmp_path, beta=0.5)
+    with torch.no_grad():
+        for parameter in trainer.model.parameters():
+            parameter.add_(0.01)  # what a warm start does, in short
+    first = next(iter(trainer.model.state_dict()))
+    assert not torch.equal(trainer.ref_model.state_dict()[first], trainer.model.state_dict()[first])
+    trainer.reference_from_policy()
+    policy, reference = trainer.model.state_dict(), trainer.ref_model.state_dict()
+    assert all(torch.equal(policy[name], reference[name]) for name in policy)
+    assert next(trainer.ref_model.parameters()).data_ptr() != next(trainer.model.parameters()).data_ptr()
+
+
+def test_trls_none_reward_warning_is_dropped_for_padding_rows_only(caplog):
+    """The step layout pads each process's rows with rows whose reward is None on purpose; TRL
+    warned about them once per batch. A None reward on a real row still warns."""
+    import logging
+
+    import envhub_trl.trl_bridge  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("trl.trainer.grpo_trainer")
+    message = "All reward functions returned None for the following kwargs:\n{{'trajectory_index': {}, 'turn_index': 0}}\nPlease ensure..."
+    with caplog.at_level(logging.WARNING, logger="trl.trainer.grpo_trainer"):
+        logger.warning(message.format(-1))
+        logger.warning(message.format(3))
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == [message.format(3)]

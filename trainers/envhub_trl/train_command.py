@@ -277,6 +277,7 @@ def run_training(
                     reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
                 )
                 trainer.weights_changed()  # a vLLM generator still holds the initial weights
+                trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
                 evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
             before_rl = trainer.state.global_step
         else:

@@ -19,12 +19,17 @@ alone. What it reaches:
 - ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
   where a checkpoint is written and read, so that envhub's files go with it (the trainer's
   :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`).
+- TRL's ``trl.trainer.grpo_trainer`` logger: its warning that every reward function returned None
+  for a row is dropped when the row is a padding row of the step layout (``trajectory_index``
+  -1), whose reward is None on purpose (:func:`~envhub_trl.rollout_batch.episode_return`); TRL
+  leaves such rows out of its reward statistics, and the warning came once per batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,17 @@ from trl import GRPOTrainer
 from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
 from envhub_trl.pipeline import GenerationBatch
 from envhub_trl.rollout_batch import segment_mean
+
+
+class _PaddingRowsWarning(logging.Filter):
+    """Drops TRL's "All reward functions returned None" warning when the row it names is padding."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("All reward functions returned None") and "'trajectory_index': -1" in message)
+
+
+logging.getLogger("trl.trainer.grpo_trainer").addFilter(_PaddingRowsWarning())
 
 
 class TRLBridge(GRPOTrainer):
@@ -121,6 +137,17 @@ class TRLBridge(GRPOTrainer):
                 self._reference = copy.deepcopy(model).eval().requires_grad_(False)
             reference = self._reference
         return self.token_logps(reference, output, batch_size)
+
+    def reference_from_policy(self) -> None:
+        """Make the policy's current weights the reference: TRL's ``ref_model`` (``beta`` > 0), which
+        TRL copied from the model when the trainer was built, takes them, and the frozen copy is
+        taken afresh when next needed. Called after a supervised warm start, so that a KL term
+        holds RL near the warm-started policy, not near the random weights it started from."""
+        if self.ref_model is not None:
+            policy = self.accelerator.unwrap_model(self.model)
+            reference = self.accelerator.unwrap_model(self.ref_model)
+            reference.load_state_dict(policy.state_dict())
+        self._reference = None
 
     def log_metrics(self, mode: str, metrics: Mapping[str, float]) -> None:
         """Add one value per metric to what TRL averages into the next log line (``mode``:
