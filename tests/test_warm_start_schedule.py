@@ -65,3 +65,14 @@ def test_supervised_steps_follow_the_schedule_and_clip_the_gradient():
     sample = Sample(prompt_ids=[1, 2], completion_ids=[3], env_mask=[1], logprobs=[0.0], turn_ids=[0], group_id=0, trajectory_index=0)
     supervised_steps(model, [sample], 4, learning_rate=0.1, optimizer=optimizer, lr_schedule="linear", warmup_steps=1, max_grad_norm=0.5)
     assert rates == pytest.approx([0.05, 0.1, 0.1 * 2 / 3, 0.1 / 3])
+
+
+def test_the_cli_flag_overrides_the_configs_schedule_and_refuses_unknown_ones():
+    from click.testing import CliRunner
+
+    from envhub_trl.train_command import split_warm_start, train_command
+
+    values = {"warm_start": {"steps": 5, "lr_schedule": "linear"}}
+    assert split_warm_start(values, None, {"lr_schedule": "cosine"}).lr_schedule == "cosine" and "warm_start" not in values
+    result = CliRunner().invoke(train_command, ["--output-dir", "unused", "--warm-start-schedule", "step"])
+    assert result.exit_code == 2 and "'step' is not one of 'constant', 'linear', 'cosine'" in result.output

@@ -420,6 +420,8 @@ def _sampling_text(args: Any) -> str:
               help="Probability that the demonstrator takes a random move instead of the expert's (default 0).")
 @click.option("--warm-start-dagger-rounds", default=None, type=click.IntRange(min=0),
               help="Rounds of on-policy expert relabelling (DAgger) after the warm start's steps: the model plays, the expert labels every state it visits (default 0).")
+@click.option("--warm-start-schedule", default=None, type=click.Choice(["constant", "linear", "cosine"]),
+              help="How the warm start's learning rate falls over its steps (default: constant; the FrozenLake demo's: cosine).")
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.option("--resume", "resume", is_flag=False, flag_value="last", default=None, metavar="[CHECKPOINT]",
               help="Continue the run in --output-dir from its last checkpoint-N (or from CHECKPOINT), with the same config.")
@@ -427,7 +429,7 @@ def _sampling_text(args: Any) -> str:
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
-    warm_start_dagger_rounds, eval_episodes, resume, overwrite, overrides,
+    warm_start_dagger_rounds, warm_start_schedule, eval_episodes, resume, overwrite, overrides,
 ):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
@@ -451,7 +453,7 @@ def train_command(
     values["output_dir"] = output_dir
     flags = {
         "steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon,
-        "dagger_rounds": warm_start_dagger_rounds,
+        "dagger_rounds": warm_start_dagger_rounds, "lr_schedule": warm_start_schedule,
     }
     warm_start = split_warm_start(values, config_file, {k: v for k, v in flags.items() if v is not None})
     results = run_training(values, model_name, warm_start=warm_start, resume=resume, overwrite=overwrite)
