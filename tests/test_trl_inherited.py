@@ -199,3 +199,21 @@ def test_trls_none_reward_warning_is_dropped_for_padding_rows_only(caplog):
         logger.warning(message.format(-1))
         logger.warning(message.format(3))
     assert [r.getMessage() for r in caplog.records if r.name == logger.name] == [message.format(3)]
+
+
+@pytest.mark.slow
+def test_beta_works_for_a_model_built_in_memory(tiny, tmp_path):
+    """A model built here (``--model tiny``) has no path for TRL to load the reference from; TRL
+    failed with a hub error about an empty repo id. The trainer saves it for TRL to load."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_config(AutoModelForCausalLM.from_pretrained(path).config)
+    model.config._name_or_path = ""  # as a model built in memory has
+    trainer = EnvGRPOTrainer(model, _config(tmp_path, beta=0.5), processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
+    policy, reference = trainer.model.state_dict(), trainer.ref_model.state_dict()
+    assert all(torch.equal(policy[name], reference[name]) for name in policy)
+    assert model.config._name_or_path == str(tmp_path / "reference-initial-weights")
+    assert (tmp_path / "reference-initial-weights" / "config.json").is_file()

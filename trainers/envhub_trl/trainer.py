@@ -46,7 +46,7 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.mix import EnvEntry, group_env_ids
 from envhub_trl.rollout_batch import episode_return
-from envhub_trl.trl_bridge import TRLBridge
+from envhub_trl.trl_bridge import TRLBridge, loadable_reference
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
@@ -94,6 +94,7 @@ class EnvGRPOTrainer(TRLBridge):
             train_dataset = seed_dataset(args.num_train_seeds)
         elif "env_seed" not in train_dataset.column_names:
             raise ValueError("train_dataset needs an env_seed column (one reset seed per row)")
+        loadable_reference(model, args, peft_config)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="You are using 'rollout_func'")
             super().__init__(

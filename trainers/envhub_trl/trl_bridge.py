@@ -43,6 +43,20 @@ from envhub_trl.pipeline import GenerationBatch
 from envhub_trl.rollout_batch import segment_mean
 
 
+def loadable_reference(model: Any, args: Any, peft_config: Any = None) -> None:
+    """Make TRL able to build its ``ref_model`` (``beta`` > 0) for a model built in memory.
+
+    TRL loads the reference afresh from the model's ``config._name_or_path``; a model built here
+    (``--model tiny``) has none, and TRL failed with a hub error about an empty repo id. Such a
+    model is saved under ``output_dir/reference-initial-weights`` and named by that folder, so TRL
+    loads the same weights, prepared as it prepares any reference."""
+    if not args.beta or peft_config is not None or isinstance(model, str) or getattr(model.config, "_name_or_path", ""):
+        return
+    folder = Path(args.output_dir) / "reference-initial-weights"
+    model.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+
+
 class _PaddingRowsWarning(logging.Filter):
     """Drops TRL's "All reward functions returned None" warning when the row it names is padding."""
 
