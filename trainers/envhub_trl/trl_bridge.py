@@ -62,7 +62,7 @@ class _PaddingRowsWarning(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (message.startswith("All reward functions returned None") and "'trajectory_index': -1" in message)
+        return not ("All reward functions returned None" in message and "'trajectory_index': -1" in message)
 
 
 logging.getLogger("trl.trainer.grpo_trainer").addFilter(_PaddingRowsWarning())
