@@ -16,6 +16,7 @@ exact: the batches the producer played ahead with older weights are lost, see
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -222,6 +223,17 @@ def test_a_resume_with_another_config_names_what_changed():
         run_state.check_same_run(record, "tiny", {"max_steps": 6, "learning_rate": 0.01, "seed": 1}, {"steps": 0})
     with pytest.raises(ResumeError, match="model: 'tiny' then, 'smollm2-135m' now"):
         run_state.check_same_run(record, "smollm2-135m", record["config"], {"steps": 0})
+
+
+def test_a_checkpoint_from_before_a_warm_start_field_existed_resumes_with_its_default():
+    from envhub_trl.warm_start import WarmStart
+
+    now = dataclasses.asdict(WarmStart(steps=2))
+    before = {k: v for k, v in now.items() if k not in ("lr_schedule", "warmup_steps", "max_grad_norm")}
+    record = {"model": "tiny", "config": {"max_steps": 3}, "warm_start": before}
+    run_state.check_same_run(record, "tiny", {"max_steps": 3}, now)
+    with pytest.raises(ResumeError, match="warm_start: .* then, .*'lr_schedule': 'cosine'.* now"):
+        run_state.check_same_run(record, "tiny", {"max_steps": 3}, {**now, "lr_schedule": "cosine"})
 
 
 @pytest.mark.parametrize(

@@ -664,6 +664,7 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     assert results["warm_start"] == {
         "steps": 2, "episodes": 4, "learning_rate": 1e-3, "batch_size": 16, "epsilon": 0.5,
         "dagger_rounds": 0, "dagger_episodes": 64, "dagger_steps": 100, "dagger_temperature": 1.0,
+        "lr_schedule": "constant", "warmup_steps": 0, "max_grad_norm": 0.0,
     }
     assert set(results["evaluations"]) == {"initial model", "after warm start (SFT)", "after RL"}
     references = results["references"]

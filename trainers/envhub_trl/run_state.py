@@ -48,6 +48,7 @@ equal to, the uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -226,6 +227,17 @@ def read_record(checkpoint: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _with_defaults(warm_start: Any) -> Any:
+    """A recorded warm start with the fields it lacks at their defaults: a record written before a
+    :class:`~envhub_trl.warm_start.WarmStart` field existed ran with that field's default."""
+    if not isinstance(warm_start, dict):
+        return warm_start
+    from envhub_trl.warm_start import WarmStart
+
+    defaults = json.loads(json.dumps(dataclasses.asdict(WarmStart())))
+    return {**defaults, **warm_start}
+
+
 def check_same_run(record: dict[str, Any], model: str, config: dict[str, Any], warm_start: dict[str, Any]) -> None:
     """Refuse to resume the run ``record`` describes with another model, config or warm start
     (``config`` without ``output_dir``; the fields of :data:`FREE_FIELDS` may change).
@@ -235,7 +247,7 @@ def check_same_run(record: dict[str, Any], model: str, config: dict[str, Any], w
     """
     now = json.loads(json.dumps({"model": model, "config": config, "warm_start": warm_start}))  # as the record stores it
     changes = [f"model: {record.get('model')!r} then, {now['model']!r} now"] if record.get("model") != now["model"] else []
-    if record.get("warm_start") != now["warm_start"]:
+    if _with_defaults(record.get("warm_start")) != _with_defaults(now["warm_start"]):
         changes.append(f"warm_start: {record.get('warm_start')} then, {now['warm_start']} now")
     then_config = record.get("config", {})
     for key in sorted(set(then_config) | set(now["config"])):
