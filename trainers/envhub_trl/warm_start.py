@@ -323,8 +323,10 @@ class WarmStart:
 
     def describe(self) -> str:
         """In words, for progress messages."""
-        schedule = "" if self.lr_schedule == "constant" and not self.warmup_steps else f" ({self.lr_schedule} learning rate"
-        schedule += f", {self.warmup_steps} warm-up steps)" if self.warmup_steps else (")" if schedule else "")
+        schedule = ""
+        if self.lr_schedule != "constant" or self.warmup_steps:
+            warmup = f", {self.warmup_steps} warm-up steps" if self.warmup_steps else ""
+            schedule = f" ({self.lr_schedule} learning rate{warmup})"
         noise = f", the expert taking a random move with probability {self.epsilon:g}" if self.epsilon else ""
         dagger = (
             f", then {self.dagger_rounds} DAgger rounds of {self.dagger_episodes} episodes played by the model and "
