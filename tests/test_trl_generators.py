@@ -605,6 +605,25 @@ def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp
         del engine
 
 
+def test_cpu_kv_cache_is_sized_for_the_model_not_a_share_of_the_memory(tiny_path, engine):
+    """vLLM's CPU default is a share of the machine's memory whatever the model (7 GiB of 24 for
+    a 2-layer model); envhub asks for what 256 full-length sequences take, capped at that share."""
+    from transformers import AutoConfig
+
+    from envhub_trl.generators.vllm_engine import KV_CACHE_SEQUENCES, cpu_kv_cache_bytes, kv_cache_bytes
+
+    config = AutoConfig.from_pretrained(tiny_path)
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4
+    assert kv_cache_bytes(tiny_path, 10, "float32") == 10 * per_token
+    assert kv_cache_bytes(tiny_path, 10, "bfloat16") == 5 * per_token
+    assert cpu_kv_cache_bytes(tiny_path, 512, "float32", 0.3) == KV_CACHE_SEQUENCES * 512 * per_token
+    assert cpu_kv_cache_bytes(tiny_path, 512, "float32", 1e-9) < per_token  # capped at the share
+    assert kv_cache_bytes(tiny_path.parent / "no-such-model", 10) is None
+    vllm_config = engine.llm.llm_engine.vllm_config
+    if vllm_config.device_config.device_type == "cpu":
+        assert vllm_config.cache_config.kv_cache_memory_bytes == cpu_kv_cache_bytes(tiny_path, engine.max_model_len, "float32", 0.1)
+
+
 def test_export_sft_of_a_tool_env_keeps_its_tools_and_tool_messages(cli, tmp_path):
     from datasets import load_from_disk
 

