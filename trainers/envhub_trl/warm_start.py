@@ -295,7 +295,7 @@ class WarmStart:
             for env_id, manager_kwargs in envs
             for sample in expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
         ]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.learning_rate)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.learning_rate)  # a LoRA model: its adapter
         train = dict(
             batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=self.learning_rate,
             lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm,

@@ -11,6 +11,7 @@ from typing import Any
 from envhub.chat import stop_token_ids
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 from envhub_trl.generators.registry import Capabilities, register_generator
+from envhub_trl.lora import merged_model, merged_weights
 
 
 #: How many full-length sequences the CPU KV cache holds when no size is given: vLLM's default
@@ -261,8 +262,9 @@ class VLLMGenerator:
 
         Uses the worker's ``reload_weights`` in checkpoint format, so vLLM repacks the tensors
         exactly as when loading from disk, then drops the prefix cache (it holds old activations).
+        A model with LoRA adapters sends its merged weights (:func:`envhub_trl.lora.merged_weights`).
         """
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        weights = [(name, tensor.detach()) for name, tensor in merged_weights(model).items()]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
@@ -272,7 +274,7 @@ def build_vllm(model: Any, tokenizer: Any, args: Any, **kwargs: Any) -> VLLMGene
     """The trainer's ``vllm`` generator: an in-process engine loaded from the model's current weights
     (saved under ``output_dir``), its context what the run needs."""
     folder = Path(args.output_dir) / "vllm-initial-weights"
-    model.save_pretrained(folder)
+    merged_model(model).save_pretrained(folder)  # vLLM serves the merged weights of a LoRA model
     tokenizer.save_pretrained(folder)
     kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
     # What the run needs: the longest prompt plus a reply (the model's own limit caps it).

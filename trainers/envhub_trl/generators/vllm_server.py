@@ -23,6 +23,7 @@ from envhub.chat import stop_token_ids as end_of_reply_ids
 from envhub.error import EnvhubError
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 from envhub_trl.generators.registry import Capabilities, register_generator
+from envhub_trl.lora import is_peft_model, merged_weights
 
 
 class ServerError(EnvhubError):
@@ -164,9 +165,9 @@ def save_checkpoint(model: Any, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(folder)
+    (model.get_base_model() if is_peft_model(model) else model).config.save_pretrained(folder)
     tensors, seen = {}, set()
-    for name, tensor in model.state_dict().items():
+    for name, tensor in merged_weights(model).items():  # a LoRA model's merged weights
         tensor = tensor.detach()
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
         tensors[name] = tensor.clone().contiguous() if key in seen else tensor.contiguous()
