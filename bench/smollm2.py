@@ -8,9 +8,14 @@ Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
   prompts and turn limits and replies of up to ``--max-new-tokens`` tokens, sampled with vLLM.
 - Training step: TRL's ``step_time`` of EnvGRPOTrainer (GRPO, 2 groups x 4 episodes of up to 4
   FrozenLake turns), generating with transformers and with in-process vLLM (whose weights are
-  refreshed after every step); the median over ``--steps`` steps after one warm-up step.
+  refreshed after every step), every weight trained and with a LoRA adapter (rank ``--lora-r``,
+  every linear layer; vLLM gets the merged weights); the median over ``--steps`` steps after one
+  warm-up step.
+- Supervised (warm-start) step: one AdamW step of cross-entropy on 16 expert samples of
+  FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA; the median
+  over ``--steps`` steps.
 
-    python bench/smollm2.py [--episodes 32] [--max-new-tokens 64] [--steps 2]
+    python bench/smollm2.py [--parts zero-shot sft rl] [--episodes 32] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
 
 Prints the figures and writes bench/results/smollm2.json.
 """
@@ -37,10 +42,19 @@ from envhub.generation import SamplingParams  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds  # noqa: E402
 from envhub_trl.generators import VLLMGenerator  # noqa: E402
+from envhub_trl.lora import LoraSettings  # noqa: E402
 from envhub_trl.models import SMOLLM2, resolve_model  # noqa: E402
 from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
+from envhub_trl.warm_start import expert_samples, supervised_steps  # noqa: E402
 
 ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
+PARTS = ("zero-shot", "sft", "rl")
+#: The warm start's samples: the FrozenLake demo's prompt (one turn a sample, no history, no turn
+#: count, a one-line system message, the local view), which keeps a sample short.
+SFT_PROMPT = {
+    "layout": "step", "history_turns": 0, "show_turns": False, "show_legal_actions": False, "max_turns": 8,
+    "instructions": "Reach the goal. Avoid holes.", "env_kwargs": {"view": "local", "expert": "view"},
+}
 TRAIN_ENV = "frozenlake/FrozenLakeNotSlippery-v0"
 SEED_OFFSET = 1_000_000_000
 VLLM_KWARGS = {"gpu_memory_utilization": 0.1, "max_model_len": 4096, "dtype": "float32", "enforce_eager": True}
@@ -63,17 +77,44 @@ def zero_shot(path: str, episodes: int, max_new_tokens: int) -> dict[str, dict[s
     return out
 
 
-def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: str) -> list[float]:
+def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None) -> list[float]:
+    """Seconds per warm-start step (batch of 16 expert samples, step layout) after one untimed step."""
+    import peft
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    if lora is not None:
+        model = peft.get_peft_model(model, lora.peft_config())
+    samples = expert_samples(tokenizer, TRAIN_ENV, range(16), **SFT_PROMPT)[:16]
+    tokens = sum(len(x.prompt_ids) + len(x.completion_ids) for x in samples) / len(samples)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    times = []
+    for step in range(steps + 1):
+        start = time.perf_counter()
+        supervised_steps(model, samples, 1, seed=step, batch_size=16, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=1e-5)
+        times.append(time.perf_counter() - start)
+    label = f"LoRA r={lora.r}" if lora is not None else "every weight"
+    print(f"supervised step ({tokens:.0f} tokens a sample), {label}: {', '.join(f'{t:.1f}' for t in times[1:])} s", flush=True)
+    del model, optimizer
+    gc.collect()
+    return times[1:]
+
+
+def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: str, lora: LoraSettings | None = None) -> list[float]:
     config = EnvGRPOConfig(
         output_dir=out, env_id=TRAIN_ENV, max_turns=4, groups_per_step=2, group_size=4, per_device_train_batch_size=8,
         max_steps=steps + 1, max_turn_tokens=reply_tokens, logging_steps=1, report_to="none", use_cpu=True,
         save_strategy="no", disable_tqdm=True, format_penalty=-0.1, learning_rate=1e-6, generator=generator,
         generator_kwargs=VLLM_KWARGS if generator == "vllm" else {},
     )
-    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=AutoTokenizer.from_pretrained(path))
+    trainer = EnvGRPOTrainer(
+        AutoModelForCausalLM.from_pretrained(path), config, processing_class=AutoTokenizer.from_pretrained(path),
+        peft_config=lora.peft_config() if lora is not None else None,
+    )
     trainer.train()
     times = [entry["step_time"] for entry in trainer.state.log_history if "step_time" in entry][1:]  # the first pays set-up
-    print(f"training step with {generator} generation: {', '.join(f'{t:.1f}' for t in times)} s", flush=True)
+    label = f", LoRA r={lora.r}" if lora is not None else ""
+    print(f"training step with {generator} generation{label}: {', '.join(f'{t:.1f}' for t in times)} s", flush=True)
     del trainer
     gc.collect()
     return times
@@ -85,34 +126,35 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="Longest reply in the zero-shot evaluation.")
     parser.add_argument("--steps", type=int, default=2, help="Timed training steps per generator (after one warm-up step).")
     parser.add_argument("--reply-tokens", type=int, default=32, help="Longest reply in training (max_turn_tokens).")
+    parser.add_argument("--lora-r", type=int, default=16, help="Rank of the LoRA adapter timed against training every weight.")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure.")
     args = parser.parse_args()
     torch.manual_seed(0)
-    load = os.getloadavg()[0]
-    path = resolve_model(SMOLLM2)
-    success = zero_shot(path, args.episodes, args.max_new_tokens)
-    with tempfile.TemporaryDirectory() as out:
-        hf = step_seconds(path, "hf", args.steps, args.reply_tokens, out)
-        vllm = step_seconds(path, "vllm", args.steps, args.reply_tokens, out)
-    figures = {
-        "model": path,
-        "cpu_threads": torch.get_num_threads(),
-        "load_average_at_start": load,
-        "held_out_episodes": args.episodes,
-        "held_out_seed_offset": SEED_OFFSET,
-        "max_new_tokens": args.max_new_tokens,
-        "zero_shot": success,
-        "train_config": {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens},
-        "train_step_s_hf": statistics.median(hf),
-        "train_step_s_vllm": statistics.median(vllm),
-        "train_steps_timed_each": len(hf),
-    }
-    for env_id, metrics in success.items():
+    lora = LoraSettings(r=args.lora_r)
+    figures: dict = {"model": resolve_model(SMOLLM2), "cpu_threads": torch.get_num_threads(), "load_average_at_start": os.getloadavg()[0]}
+    path = figures["model"]
+    if "zero-shot" in args.parts:
+        success = zero_shot(path, args.episodes, args.max_new_tokens)
+        figures.update({"held_out_episodes": args.episodes, "held_out_seed_offset": SEED_OFFSET, "max_new_tokens": args.max_new_tokens, "zero_shot": success})
+    if "sft" in args.parts:
+        figures["sft_step_s_full"] = statistics.median(sft_step_seconds(path, args.steps, None))
+        figures["sft_step_s_lora"] = statistics.median(sft_step_seconds(path, args.steps, lora))
+    if "rl" in args.parts:
+        with tempfile.TemporaryDirectory() as out:
+            figures["train_step_s_hf"] = statistics.median(step_seconds(path, "hf", args.steps, args.reply_tokens, out))
+            figures["train_step_s_vllm"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out))
+            figures["train_step_s_vllm_lora"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out, lora))
+        figures["train_config"] = {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens}
+    figures.update({"steps_timed_each": args.steps, "lora": lora.record()})
+    for env_id, metrics in figures.get("zero_shot", {}).items():
         print(f"{'zero-shot success ' + env_id:<56} {metrics['success_rate']:.1%}")
-    for key in ("train_step_s_hf", "train_step_s_vllm"):
-        print(f"{key:<56} {figures[key]:.1f}")
+    for key in ("sft_step_s_full", "sft_step_s_lora", "train_step_s_hf", "train_step_s_vllm", "train_step_s_vllm_lora"):
+        if key in figures:
+            print(f"{key:<56} {figures[key]:.1f}")
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "smollm2.json").write_text(json.dumps(figures, indent=2))
+    name = "smollm2.json" if set(args.parts) == set(PARTS) else f"smollm2-{'-'.join(args.parts)}.json"
+    (results / name).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
