@@ -1,6 +1,6 @@
 """Every config the repository ships (examples/*.yaml, bench/learning/*.yaml) loads as `envhub
 train` and `bench/learning.py` load it: its fields, its warm start and its tiny-model mapping are
-valid, so a typo in a recipe fails here rather than minutes into a run."""
+valid (and its LoRA mapping), so a typo in a recipe fails here rather than minutes into a run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import yaml
 pytest.importorskip("trl")
 
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
+from envhub_trl.lora import LoraSettings  # noqa: E402
 from envhub_trl.tiny import TinySpec  # noqa: E402
 from envhub_trl.train_command import load_config_file, split_warm_start  # noqa: E402
 
@@ -33,6 +34,7 @@ def test_a_shipped_config_loads(path, tmp_path):
     values = load_config_file(str(path))
     warm_start = split_warm_start(values, str(path))
     TinySpec.from_mapping(values.pop("tiny", None))
+    LoraSettings.from_mapping(values.pop("lora", None))
     args = EnvGRPOConfig(**{**values, "output_dir": str(tmp_path), "report_to": "none"})
     assert args.env_entries()
     if path.name == "frozenlake_demo.yaml":
