@@ -116,6 +116,18 @@ def check_values(values: dict[str, Any], config_class: type, extra: typing.Colle
     return checked
 
 
+def settings_from_mapping(cls: type, values: typing.Mapping[str, Any], key: str) -> Any:
+    """``cls(**values)`` for a config file's ``key`` mapping of ``cls``'s dataclass fields; a value
+    that is not a mapping, or an unknown key, is a ValueError that lists the known ones."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    if not isinstance(values, typing.Mapping):
+        raise ValueError(f"{key} must be a mapping of {known}, got {values!r}")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {key} keys {unknown}; known: {known}")
+    return cls(**values)
+
+
 def read_yaml_mapping(path: str) -> dict[str, Any]:
     """The mapping in the YAML file ``path`` (empty for an empty file)."""
     try:

@@ -59,15 +59,9 @@ class LoraSettings:
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "LoraSettings | None":
         """From a config file's ``lora`` mapping (None: no LoRA); an unknown key is an error that
         lists the known ones."""
-        if values is None:
-            return None
-        known = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(values, Mapping):
-            raise ValueError(f"lora must be a mapping of {known}, got {values!r}")
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"unknown lora keys {unknown}; known: {known}")
-        return cls(**values)
+        from envhub_trl.config_file import settings_from_mapping
+
+        return None if values is None else settings_from_mapping(cls, values, "lora")
 
     def record(self) -> dict[str, Any]:
         """The settings as a run records them (lists, not tuples, as YAML and JSON give them back)."""

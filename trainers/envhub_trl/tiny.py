@@ -224,15 +224,9 @@ class TinySpec:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | None) -> "TinySpec":
         """From a config file's ``tiny`` mapping; an unknown key is an error that lists the known ones."""
-        if values is None:
-            return cls()
-        known = [f.name for f in dataclasses.fields(cls)]
-        if not isinstance(values, Mapping):
-            raise ValueError(f"tiny must be a mapping of {known}, got {values!r}")
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise ValueError(f"unknown tiny keys {unknown}; known: {known}")
-        return cls(**values)
+        from envhub_trl.config_file import settings_from_mapping
+
+        return cls() if values is None else settings_from_mapping(cls, values, "tiny")
 
     def build(
         self,
