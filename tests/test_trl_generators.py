@@ -605,6 +605,7 @@ def test_vllm_takes_its_context_length_from_a_short_context_model(tokenizer, tmp
         del engine
 
 
+@pytest.mark.slow
 def test_cpu_kv_cache_is_sized_for_the_model_not_a_share_of_the_memory(tiny_path, engine):
     """vLLM's CPU default is a share of the machine's memory whatever the model (7 GiB of 24 for
     a 2-layer model); envhub asks for what 256 full-length sequences take, capped at that share."""
