@@ -45,7 +45,7 @@ from envhub_trl.generators import VLLMGenerator  # noqa: E402
 from envhub_trl.lora import LoraSettings  # noqa: E402
 from envhub_trl.models import SMOLLM2, resolve_model  # noqa: E402
 from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
-from envhub_trl.warm_start import expert_samples, supervised_steps  # noqa: E402
+from envhub_trl.warm_start import expert_samples, supervised_steps, trainable_parameters  # noqa: E402
 
 ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
 PARTS = ("zero-shot", "sft", "rl")
@@ -87,7 +87,7 @@ def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None) -> list[f
         model = peft.get_peft_model(model, lora.peft_config())
     samples = expert_samples(tokenizer, TRAIN_ENV, range(16), **SFT_PROMPT)[:16]
     tokens = sum(len(x.prompt_ids) + len(x.completion_ids) for x in samples) / len(samples)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-5)
     times = []
     for step in range(steps + 1):
         start = time.perf_counter()

@@ -39,6 +39,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
+from envhub_trl.lora import is_peft_model
 from envhub_trl.pipeline import GenerationBatch
 from envhub_trl.rollout_batch import segment_mean
 
@@ -143,7 +144,7 @@ class TRLBridge(GRPOTrainer):
         model = self.accelerator.unwrap_model(self.model)
         if self.ref_model is not None:
             reference = self.ref_model
-        elif hasattr(model, "disable_adapter") and hasattr(model, "peft_config"):
+        elif is_peft_model(model):
             with model.disable_adapter():
                 return self.token_logps(self.model, output, batch_size)
         else:

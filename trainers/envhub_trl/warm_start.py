@@ -100,6 +100,12 @@ def relabelled_samples(
     return relabeller.samples, trajectories
 
 
+def trainable_parameters(model: Any) -> list[Any]:
+    """The parameters an optimizer should hold: those with ``requires_grad`` (every one of a plain
+    model; a LoRA model's adapter, its base frozen)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def supervised_steps(
     model: Any,
     samples: Sequence[Sample],
@@ -125,7 +131,7 @@ def supervised_steps(
         raise ValueError("no samples to learn from")
     rng = np.random.default_rng(seed)
     device = next(model.parameters()).device
-    optimizer = optimizer if optimizer is not None else torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    optimizer = optimizer if optimizer is not None else torch.optim.AdamW(trainable_parameters(model), lr=learning_rate)
     model.train()
     losses = []
     for step in range(steps):
@@ -295,7 +301,7 @@ class WarmStart:
             for env_id, manager_kwargs in envs
             for sample in expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
         ]
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.learning_rate)  # a LoRA model: its adapter
+        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
         train = dict(
             batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=self.learning_rate,
             lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm,

@@ -23,7 +23,7 @@ from envhub.chat import stop_token_ids as end_of_reply_ids
 from envhub.error import EnvhubError
 from envhub.generation import Completion, Prompt, SamplingParams, request_seeds
 from envhub_trl.generators.registry import Capabilities, register_generator
-from envhub_trl.lora import is_peft_model, merged_weights
+from envhub_trl.lora import merged_weights
 
 
 class ServerError(EnvhubError):
@@ -165,7 +165,7 @@ def save_checkpoint(model: Any, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    (model.get_base_model() if is_peft_model(model) else model).config.save_pretrained(folder)
+    model.config.save_pretrained(folder)  # a PeftModel's is its base model's
     tensors, seen = {}, set()
     for name, tensor in merged_weights(model).items():  # a LoRA model's merged weights
         tensor = tensor.detach()
