@@ -14,12 +14,14 @@ Held-out success is measured on the same 256 seeds for every run, next to the re
 (random, open-loop, expert, optimal) on those seeds. The targets are checked on held-out greedy
 success, the mean over training seeds; a missed target is reported, with its curve.
 
-    python bench/learning.py [--only NAME ...] [--algos grpo gigpo reinforce++ ppo] [--seeds 3] [--max-steps N] [--smoke] [--finished-only]
-                             [--jobs N] [--set KEY=VALUE ...]
+    python bench/learning.py [--only NAME ...] [--algos grpo gigpo reinforce++ ppo] [--seeds 3 | --training-seeds K ...] [--max-steps N]
+                             [--smoke] [--finished-only] [--jobs N] [--set KEY=VALUE ...] [--results DIR]
 
 ``--set KEY=VALUE`` overrides a config value in every env (``envhub train``'s syntax), e.g.
 ``--set generator=hf --set use_cpu=false`` on a GPU machine; ``--jobs N`` runs N trainings at once, each child with its share of
-the CPU threads (a machine with many cores, or a GPU that one tiny model leaves mostly idle).
+the CPU threads (a machine with many cores, or a GPU that one tiny model leaves mostly idle). A recipe is
+tuned on validation seeds, away from the held-out ones and their results:
+``--set eval_seed_offset=500000000 --results DIR``.
 
 Prints one line per run, then a table and the targets; writes bench/results/learning.json and
 bench/results/learning.png (``--smoke``: under bench/results/learning-smoke/ instead). Several hours
@@ -282,6 +284,10 @@ def main() -> None:
                         help="Run nothing: summarise the runs already finished (table, learning.json, learning.png).")
     parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo reinforce++ ppo).")
     parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
+    parser.add_argument("--training-seeds", nargs="+", type=int, metavar="K", help="These training seeds instead of 0 .. N-1.")
+    parser.add_argument("--results", type=Path, metavar="DIR",
+                        help="Write runs and summary under DIR instead of bench/results/ (a tuning run on validation seeds, "
+                        "--set eval_seed_offset=500000000, keeps clear of the held-out figures).")
     parser.add_argument("--max-steps", type=int, default=None, help="Override every config's RL steps.")
     parser.add_argument("--smoke", action="store_true", help="A check that everything runs: 1 seed, 2 RL steps of 8 episodes of 6 turns, "
                         "16 held-out episodes, a token warm start; outputs under bench/results/learning-smoke/.")
@@ -306,6 +312,9 @@ def main() -> None:
         root, summary_dir, seeds = RESULTS / "learning-smoke", RESULTS / "learning-smoke", 1
     else:
         root, summary_dir, seeds = RESULTS / "learning", RESULTS, args.seeds
+    if args.results is not None:
+        root, summary_dir = args.results / root.name, args.results
+    training_seeds = list(args.training_seeds or range(seeds))
     loaded = {name: load_env_config(configs[name]) for name in names}
     for values, run, _ in loaded.values():
         if args.smoke:
@@ -325,7 +334,7 @@ def main() -> None:
     failed = []
     # Seeds outermost: an interrupted benchmark has every env and algorithm at its first seeds.
     todo = []
-    for seed in range(seeds):
+    for seed in training_seeds:
         for name in names:
             values, run, _ = loaded[name]
             for algo in args.algos:
@@ -359,7 +368,7 @@ def main() -> None:
     envs = {name: summarise_env(name, runs[name], loaded[name][2]) for name in names if runs[name]}
     report = {
         "smoke": args.smoke,
-        "seeds": seeds,
+        "seeds": training_seeds,
         "algorithms": args.algos,
         "measure": "held-out success rate on the same seeds for every run; targets on greedy success, mean over training seeds",
         "envs": envs,
