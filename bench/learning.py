@@ -48,8 +48,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import yaml
 
 from envhub.cli import table
-from envhub_trl.config_file import apply_overrides
+from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.config_file import ConfigError, apply_overrides, check_values
 from envhub_trl.estimators import ESTIMATORS
+from envhub_trl.train_command import RUN_KEYS as TRAIN_RUN_KEYS
 from envhub_trl.train_command import STAGES, run_training
 from envhub_trl.warm_start import WarmStart
 
@@ -316,15 +318,17 @@ def main() -> None:
         root, summary_dir = args.results / root.name, args.results
     training_seeds = list(args.training_seeds or range(seeds))
     loaded = {name: load_env_config(configs[name]) for name in names}
-    for values, run, _ in loaded.values():
+    for name, (values, run, _) in loaded.items():
         if args.smoke:
             values.update(SMOKE_VALUES)
             run["warm_start"] = {**run["warm_start"], **SMOKE_WARM_START}
         if args.max_steps is not None:
             values["max_steps"] = args.max_steps
         try:
-            merged = apply_overrides({**values, **run}, args.overrides)
-        except ValueError as error:
+            # Checked as `envhub train` checks a config: --set learning_rate=1e-4 (YAML's string) is a float.
+            merged = check_values(apply_overrides({**values, **run}, args.overrides), EnvGRPOConfig,
+                                  extra=(*RUN_KEYS, *TRAIN_RUN_KEYS), source=str(configs[name]))
+        except (ValueError, ConfigError) as error:
             parser.error(str(error))
         run.update({key: merged.pop(key) for key in RUN_KEYS})
         values.clear()

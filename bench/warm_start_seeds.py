@@ -26,11 +26,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from envhub.generation import SamplingParams  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
-from envhub_trl.config_file import apply_overrides, read_yaml_mapping  # noqa: E402
 from envhub_trl.evaluation import evaluate_generator  # noqa: E402
 from envhub_trl.generators.hf import HFGenerator  # noqa: E402
 from envhub_trl.models import load_model_and_tokenizer  # noqa: E402
 from envhub_trl.tiny import TinySpec  # noqa: E402
+from envhub_trl.train_command import load_config_file  # noqa: E402
 from envhub_trl.warm_start import WarmStart  # noqa: E402
 
 VALIDATION_OFFSET = 500_000_000
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=256, help="Validation episodes per seed.")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "warm_start_seeds.json"), help="Where to write the figures.")
     args = parser.parse_args()
-    values = apply_overrides(read_yaml_mapping(args.config), args.set)
+    values = load_config_file(args.config, args.set)  # checked as `envhub train` checks it: 1e-4 is a number
     warm_start = WarmStart.from_mapping({**(values.pop("warm_start", None) or {}), **json.loads(args.warm_start)})
     print(f"{values.get('env_id')}: {warm_start.describe()}; {args.episodes} validation seeds, greedy")
     runs = []
