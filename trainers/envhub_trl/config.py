@@ -34,7 +34,9 @@ Group filtering:
 Evaluation:
     ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``;
     ``eval_sampled`` (also the sampled policy, not only the greedy one); ``eval_max_invalid_streak``
-    (the model's episodes end after that many invalid replies in a row).
+    (the model's episodes end after that many invalid replies in a row); ``keep_best_on_validation``
+    with ``validation_steps``, ``validation_episodes`` and ``validation_seed_offset`` (end with the
+    policy that did best on validation seeds, :mod:`envhub_trl.selection`).
 TRL's own fields:
     those TRL's loss reads (``beta``, ``num_iterations``, ``epsilon``, ``epsilon_high``, ``delta``,
     ``loss_type``, ``importance_sampling_level``, ``top_entropy_quantile``...) act on envhub's
@@ -129,6 +131,9 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "eval_episodes": AT_LEAST_ONE,
     "eval_seed_offset": NON_NEGATIVE,
     "eval_max_invalid_streak": AT_LEAST_ONE,
+    "validation_steps": AT_LEAST_ONE,
+    "validation_episodes": AT_LEAST_ONE,
+    "validation_seed_offset": NON_NEGATIVE,
     "seed": NON_NEGATIVE,
 }
 
@@ -316,6 +321,20 @@ class EnvGRPOConfig(GRPOConfig):
             "help": "Also evaluate the policy sampled as in training (at temperature), beside the greedy one: a second "
             "held-out pass of eval_episodes at every evaluation."
         },
+    )
+    keep_best_on_validation: bool = field(
+        default=False,
+        metadata={
+            "help": "Measure greedy success on validation seeds at the start of RL, every validation_steps steps and at the end, and "
+            "end the run with the policy that scored best (as transformers' load_best_model_at_end with an eval set): RL then "
+            "cannot end below its start on those seeds (envhub_trl.selection)."
+        },
+    )
+    validation_steps: int = field(default=10, metadata={"help": "Optimizer steps between validations (keep_best_on_validation)."})
+    validation_episodes: int = field(default=256, metadata={"help": "Validation episodes (one seed each, greedy) of keep_best_on_validation."})
+    validation_seed_offset: int = field(
+        default=500_000_000,
+        metadata={"help": "Validation seeds are validation_seed_offset .. + validation_episodes - 1: apart from the training and held-out seeds."},
     )
     eval_max_invalid_streak: int | None = field(
         default=3,
@@ -520,6 +539,14 @@ class EnvGRPOConfig(GRPOConfig):
                 f"eval_seed_offset ({self.eval_seed_offset}) overlaps the training seeds 0..{self.num_train_seeds - 1}; "
                 "raise eval_seed_offset or lower num_train_seeds"
             )
+        if self.keep_best_on_validation:
+            validation = range(self.validation_seed_offset, self.validation_seed_offset + self.validation_episodes)
+            held_out = range(self.eval_seed_offset, self.eval_seed_offset + self.eval_episodes)
+            if validation.start < self.num_train_seeds or (validation.start < held_out.stop and held_out.start < validation.stop):
+                raise ValueError(
+                    f"validation seeds {validation.start}..{validation.stop - 1} overlap the training seeds 0..{self.num_train_seeds - 1} "
+                    f"or the held-out seeds {held_out.start}..{held_out.stop - 1}; move validation_seed_offset"
+                )
         if self.use_vllm:
             raise ValueError("use_vllm is TRL's own single-turn generator; set generator='vllm' for multi-turn rollouts instead")
         if self.groups_per_step is not None:

@@ -235,6 +235,7 @@ def run_training(
     from envhub_trl.lora import LoraSettings, fold_adapter, merged_model
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.plots import plot_learning_curve
+    from envhub_trl.selection import ValidationSelection
     from envhub_trl.tiny import TinySpec
     from envhub_trl.trainer import EnvGRPOTrainer
     from envhub_trl.warm_start import WarmStart
@@ -294,12 +295,25 @@ def run_training(
             click.echo(f"resuming from {checkpoint}: the evaluations before RL are those the run made", err=True)
             evaluations, before_rl = record["evaluations"], record["before_rl"]
         periodic = _periodic_evaluation(trainer, record["held_out_curve"] if record is not None else [])
+        selection = None
+        if args.keep_best_on_validation:
+            selection = ValidationSelection(trainer, (record or {}).get("validation_curve", []))
+            trainer.add_callback(selection)
         # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
         trainer.run_record = {
             "model": model_name, "config": config, "warm_start": dataclasses.asdict(warm_start), "evaluations": dict(evaluations),
             "before_rl": before_rl, "held_out_curve": periodic.points if periodic is not None else [],
+            "validation_curve": selection.points if selection is not None else [],
         }
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        kept = None
+        if selection is not None:
+            kept = {**selection.finish(), "curve": selection.points, "episodes": args.validation_episodes,
+                    "seed_offset": args.validation_seed_offset, "held_out_last_step": None}
+            if kept["step"] != kept["last_step"]:
+                # The last policy's held-out figures too, so that what the choice changed is on record.
+                kept["held_out_last_step"] = _evaluate(trainer, "after RL, last step (not kept)")
+                selection.restore()
         evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
         searched = {e.env_id: _references(trainer, e) for e in entries}
     except EnvhubError as exc:
@@ -354,6 +368,7 @@ def run_training(
         "warm_start_steps": warm_start.steps,
         "warm_start": dataclasses.asdict(warm_start),
         "held_out_curve": periodic.points if periodic is not None else [],
+        "validation": kept,
         "training_curve": [
             {"step": entry["step"], "success_rate": entry["env/success_rate"],
              **{k.removeprefix("env/").removesuffix("/success_rate"): entry[k] for k in entry if k.endswith("/success_rate") and k.count("/") > 1}}

@@ -1,0 +1,96 @@
+"""Keep the best policy of an RL run on validation seeds (``keep_best_on_validation``).
+
+RL from a good warm start is noisy: on Sokoban, 50 GRPO steps moved held-out greedy success by
+-4.6 to +1.5 points around a warm start of 82-91%. Practitioners validate as they train and keep the
+best checkpoint (``transformers``' ``load_best_model_at_end``, ROLL's and verl's validation runs).
+:class:`ValidationSelection` does that for an env run: greedy success on ``validation_episodes``
+seeds from ``validation_seed_offset`` (apart from the training and the held-out seeds) at the start
+of RL, every ``validation_steps`` optimizer steps and at the end; the run ends with the policy that
+scored best (the earliest of equals), so RL cannot end below its start on the validation seeds. The
+held-out seeds stay untouched by the choice.
+
+The best policy's weights are written to ``<output_dir>/validation-best.pt`` whenever it changes, so
+a resumed run still ends with the best of the whole run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from envhub_trl.evaluation import held_out_seeds
+
+#: The best policy's weights, in the run's output folder.
+BEST_FILE = "validation-best.pt"
+
+
+class ValidationSelection(TrainerCallback):
+    """Validate ``trainer``'s policy through its run (:meth:`finish` at its end) and load the best one (:meth:`restore`).
+
+    ``points`` are the validations a resumed run made before its checkpoint (its record's)."""
+
+    def __init__(self, trainer: Any, points: list[dict[str, Any]] = ()):
+        self.trainer = trainer
+        args = trainer.args
+        self.every = args.validation_steps
+        self.seeds = held_out_seeds(args.validation_seed_offset, args.validation_episodes)
+        self.path = Path(args.output_dir) / BEST_FILE
+        self.points: list[dict[str, Any]] = list(points)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """The first of the points with the highest success (None before the first validation)."""
+        return max(self.points, key=lambda p: p["greedy"], default=None)  # max keeps the first of equals
+
+    def validate(self, step: int) -> None:
+        """Measure the current policy at optimizer step ``step``; keep its weights if it is the best so far."""
+        trainer = self.trainer
+        entries = trainer.args.env_entries()
+        rates = {
+            e.env_id: trainer.evaluate_env(self.seeds, env=e, label=f"validation at step {step}, {e.env_id}, greedy")["success_rate"]
+            for e in entries
+        }
+        point = {"step": step, "greedy": sum(rates.values()) / len(rates)}
+        if len(entries) > 1:
+            point["per_env"] = rates
+        before = self.best
+        self.points.append(point)
+        if before is None or point["greedy"] > before["greedy"]:
+            if trainer.accelerator.is_main_process:
+                model = trainer.accelerator.unwrap_model(trainer.model)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, self.path)
+            trainer.accelerator.wait_for_everyone()
+        print(f"validation success at step {step}: {point['greedy']:.1%} greedy (best {self.best['greedy']:.1%} at step {self.best['step']})",
+              file=sys.stderr, flush=True)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self.points:  # a resumed run validated its start before the checkpoint
+            self.validate(state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % self.every == 0:
+            self.validate(state.global_step)
+
+    def finish(self) -> dict[str, Any]:
+        """After training: validate the last policy if that has not been done; what is kept
+        (``step`` and its validation ``greedy`` success) beside the run's ``last_step``."""
+        last = self.trainer.state.global_step
+        if not self.points or self.points[-1]["step"] != last:
+            self.validate(last)
+        best = self.best
+        return {"step": best["step"], "greedy": best["greedy"], "last_step": last, "last_greedy": self.points[-1]["greedy"]}
+
+    def restore(self) -> None:
+        """Load the best policy's weights into the model (the generator gets them before it next samples)."""
+        trainer = self.trainer
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        model.load_state_dict(torch.load(self.path, map_location="cpu", weights_only=True))
+        trainer.weights_changed()
+        best = self.best
+        print(f"kept the policy of step {best['step']} ({best['greedy']:.1%} on the validation seeds; the last: "
+              f"{self.points[-1]['greedy']:.1%})", file=sys.stderr, flush=True)
