@@ -11,11 +11,14 @@ Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
   refreshed after every step), every weight trained and with a LoRA adapter (rank ``--lora-r``,
   every linear layer; vLLM gets the merged weights); the median over ``--steps`` steps after one
   warm-up step.
+- Warm start (``--parts warm-start``): :data:`RECIPE`'s run up to RL, as ``envhub train`` makes it:
+  zero-shot held-out greedy success with the recipe's prompt, the warm start's wall time, held-out
+  greedy success after it (``--held-out`` seeds), and the reference policies on those seeds.
 - Supervised (warm-start) step: one AdamW step of cross-entropy on 16 expert samples of
   FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA; the median
   over ``--steps`` steps.
 
-    python bench/smollm2.py [--parts zero-shot sft rl] [--episodes 32] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
+    python bench/smollm2.py [--parts zero-shot sft rl warm-start] [--episodes 32] [--held-out 256] [--recipe FILE] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
 
 Prints the figures and writes bench/results/smollm2.json.
 """
@@ -48,7 +51,9 @@ from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
 from envhub_trl.warm_start import expert_samples, supervised_steps, trainable_parameters  # noqa: E402
 
 ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
-PARTS = ("zero-shot", "sft", "rl")
+PARTS = ("zero-shot", "sft", "rl", "warm-start")
+#: The recipe whose warm start ``--parts warm-start`` measures.
+RECIPE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_frozenlake.yaml"
 #: The warm start's samples: the FrozenLake demo's prompt (one turn a sample, no history, no turn
 #: count, a one-line system message, the local view), which keeps a sample short.
 SFT_PROMPT = {
@@ -120,6 +125,38 @@ def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: 
     return times
 
 
+def warm_start_run(config: Path, episodes: int, out: str) -> dict:
+    """The recipe's run up to RL, as ``envhub train`` makes it: held-out greedy success of the model
+    as loaded (zero-shot, with the recipe's prompt), the warm start and its wall time, held-out
+    success after it, and the reference policies on the same seeds."""
+    from envhub_trl.lora import fold_adapter
+    from envhub_trl.models import load_model_and_tokenizer
+    from envhub_trl.train_command import _evaluate, _references, load_config_file, split_warm_start
+
+    values = load_config_file(str(config))
+    warm_start = split_warm_start(values, str(config))
+    lora = LoraSettings.from_mapping(values.pop("lora", None))
+    args = EnvGRPOConfig(**{**values, "output_dir": out, "report_to": "none", "eval_episodes": episodes, "use_cpu": True})
+    entry = args.env_entries()[0]
+    model, tokenizer = load_model_and_tokenizer(SMOLLM2, [entry.env_id], args.seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
+    trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
+    figures = {"recipe": str(config), "warm_start": warm_start.describe(), "held_out_episodes": episodes}
+    figures["zero_shot"] = _evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
+    start = time.perf_counter()
+    warm_start.run_on(model, tokenizer, [(entry.env_id, args.manager_kwargs_for(entry))], args.seed, reply_tokens=args.max_turn_tokens)
+    figures["warm_start_seconds"] = time.perf_counter() - start
+    fold_adapter(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.weights_changed()
+    figures["after_warm_start"] = _evaluate(trainer, "after warm start (SFT)")[entry.env_id]["greedy"]
+    figures["references"], _ = _references(trainer, entry)
+    print(f"{entry.env_id}: zero-shot {figures['zero_shot']['success_rate']:.1%}, after a {figures['warm_start_seconds'] / 60:.1f}-minute "
+          f"warm start {figures['after_warm_start']['success_rate']:.1%} greedy; references "
+          + ", ".join(f"{name} {rate:.1%}" for name, rate in figures["references"].items()), flush=True)
+    del trainer, model
+    gc.collect()
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=32, help="Held-out episodes per environment.")
@@ -128,6 +165,8 @@ def main() -> None:
     parser.add_argument("--reply-tokens", type=int, default=32, help="Longest reply in training (max_turn_tokens).")
     parser.add_argument("--lora-r", type=int, default=16, help="Rank of the LoRA adapter timed against training every weight.")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure.")
+    parser.add_argument("--held-out", type=int, default=256, help="Held-out episodes of the warm-start part.")
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="The config file whose warm start --parts warm-start runs.")
     args = parser.parse_args()
     torch.manual_seed(0)
     lora = LoraSettings(r=args.lora_r)
@@ -145,6 +184,9 @@ def main() -> None:
             figures["train_step_s_vllm"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out))
             figures["train_step_s_vllm_lora"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out, lora))
         figures["train_config"] = {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens}
+    if "warm-start" in args.parts:
+        with tempfile.TemporaryDirectory() as out:
+            figures["warm_start_run"] = warm_start_run(args.recipe.resolve(), args.held_out, out)
     figures.update({"steps_timed_each": args.steps, "lora": lora.record()})
     for env_id, metrics in figures.get("zero_shot", {}).items():
         print(f"{'zero-shot success ' + env_id:<56} {metrics['success_rate']:.1%}")
