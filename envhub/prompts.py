@@ -129,6 +129,23 @@ BARE_PROMPT = PromptSettings().without_budget()
 ENV_PROMPT_FIELDS = ("instructions", "system_prompt", "show_legal_actions")
 
 
+#: The keys of :attr:`TrainedOn.held_out`.
+HELD_OUT_KEYS = ("seed_offset", "episodes", "max_invalid_streak", "generator")
+
+
+def _held_out(body: Any) -> dict[str, Any] | None:
+    """A settings file's ``held_out`` mapping, checked (None stays None)."""
+    if body is None:
+        return None
+    if not isinstance(body, dict) or set(body) != set(HELD_OUT_KEYS):
+        raise ValueError(f"held_out must map exactly {list(HELD_OUT_KEYS)}, got {body!r}")
+    streak = body["max_invalid_streak"]
+    return {
+        "seed_offset": int(body["seed_offset"]), "episodes": int(body["episodes"]),
+        "max_invalid_streak": None if streak is None else int(streak), "generator": str(body["generator"]),
+    }
+
+
 @dataclass(frozen=True)
 class TrainedOn:
     """What a checkpoint was trained on: the prompt settings and the environment(s).
@@ -142,6 +159,10 @@ class TrainedOn:
             ``prompt`` holds its overrides of :data:`ENV_PROMPT_FIELDS`; empty for a single env.
         max_reply_tokens: the most tokens a reply had in training (``max_turn_tokens``); a model
             played with a larger budget meets replies it never learned to end. None when unknown.
+        held_out: how the run measured held-out success, so that ``envhub eval`` can repeat it:
+            ``seed_offset`` and ``episodes`` (seeds ``seed_offset .. + episodes - 1``),
+            ``max_invalid_streak`` (a model's episode ends after that many invalid replies in a
+            row; None: at its turn limit) and ``generator`` (the backend that sampled); None when unknown.
     """
 
     prompt: PromptSettings = field(default_factory=PromptSettings)
@@ -150,6 +171,7 @@ class TrainedOn:
     max_turns: int | None = None
     envs: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_reply_tokens: int | None = None
+    held_out: dict[str, Any] | None = None
 
     def save(self, folder: str | Path) -> Path:
         """Write ``envhub.json`` into ``folder`` and return its path."""
@@ -162,6 +184,8 @@ class TrainedOn:
             body["envs"] = self.envs
         if self.max_reply_tokens is not None:
             body["max_reply_tokens"] = self.max_reply_tokens
+        if self.held_out is not None:
+            body["held_out"] = dict(self.held_out)
         path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -186,6 +210,7 @@ class TrainedOn:
                 max_turns=env.get("max_turns"),
                 envs=envs,
                 max_reply_tokens=None if body.get("max_reply_tokens") is None else int(body["max_reply_tokens"]),
+                held_out=_held_out(body.get("held_out")),
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc

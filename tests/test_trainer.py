@@ -911,3 +911,54 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     assert "max_new_tokens: 4 instead of the trained 8" in result.output and sampled[-1].max_new_tokens == 4
     assert "max_prompt_tokens: 700 instead of the trained 900" in result.output
     assert "max_turns: 3 instead of the trained 5" in result.output
+
+
+@pytest.mark.slow
+def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
+    """`envhub eval --model OUT/final` plays the run's held-out evaluation again: its seeds, its end
+    after invalid replies in a row, its generator and prompts, so the figures are the run's."""
+    from envhub.cli import cli
+    from envhub.prompts import TrainedOn
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "max_turns: 6\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
+        "max_turn_tokens: 6\neval_episodes: 6\neval_seed_offset: 2000000000\neval_max_invalid_streak: 2\n"
+        "save_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+    )
+    out = tmp_path / "out"
+    trained = CliRunner().invoke(cli, ["train", "--env", LAKE, "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "3"])
+    assert trained.exit_code == 0, trained.output
+    held_out = TrainedOn.load(out / "final").held_out
+    assert held_out == {"seed_offset": 2_000_000_000, "episodes": 6, "max_invalid_streak": 2, "generator": "hf"}
+    final = json.loads((out / "results.json").read_text())["evaluations"]["after RL"]["greedy"]
+
+    from envhub_trl import commands
+
+    played = []
+    monkeypatch.setattr(commands, "rollout", lambda *a, seeds, **kw: played.append(seeds) or rollout(*a, seeds=seeds, **kw))
+    result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(out / "final"), "--json", "--no-references"])
+    assert result.exit_code == 0, result.output
+    assert "the run's held-out seeds: 6 from 2000000000" in result.stderr
+    assert played == [list(range(2_000_000_000, 2_000_000_006))]
+    again = json.loads(result.stdout.strip().splitlines()[-1])
+    assert again["episodes"] == 6
+    assert {k: again[k] for k in ("success_rate", "invalid_action_rate", "mean_turns")} == {
+        k: final[k] for k in ("success_rate", "invalid_action_rate", "mean_turns")
+    }
+    assert final["mean_turns"] == 2.0  # the untrained model's invalid replies: each episode ended after 2 in a row, as here
+
+
+def test_trained_on_keeps_the_held_out_evaluation_and_refuses_a_bad_one(tmp_path):
+    from envhub.prompts import SETTINGS_FILE, SettingsError, TrainedOn
+
+    held_out = {"seed_offset": 7, "episodes": 3, "max_invalid_streak": None, "generator": "vllm"}
+    TrainedOn(env_id=LAKE, held_out=held_out).save(tmp_path)
+    assert TrainedOn.load(tmp_path).held_out == held_out
+    body = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps({**body, "held_out": {"seed_offset": 7}}))
+    with pytest.raises(SettingsError, match="held_out must map exactly"):
+        TrainedOn.load(tmp_path)
+    del body["held_out"]  # a folder from before the record: eval falls back to its own seeds
+    (tmp_path / SETTINGS_FILE).write_text(json.dumps(body))
+    assert TrainedOn.load(tmp_path).held_out is None

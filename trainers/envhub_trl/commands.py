@@ -10,18 +10,21 @@ import click
 
 from envhub.error import EnvhubError
 from envhub.generation import ExpertGenerator, SamplingParams
-from envhub.manager import EnvGroupManager
+from envhub.manager import EnvGroupManager, group_seeds
 from envhub.prompts import SETTINGS_FILE, TrainedOn
 from envhub.rollout import batch_metrics, rollout
-from envhub_trl.evaluation import finished_counter, progress_bar
+from envhub_trl.evaluation import finished_counter, held_out_seeds, progress_bar
 
 
 @click.command("eval")
 @click.argument("env_id")
 @click.option("--model", "model_path", required=True, help="tiny, smollm2-135m, a Hugging Face model folder or a hub id.")
-@click.option("--episodes", default=32, show_default=True, type=click.IntRange(min=1), help="Episodes to play, one seed each.")
-@click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default="hf", show_default=True, help="Sample with transformers or vLLM.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="Base seed of the episodes' seeds.")
+@click.option("--episodes", default=None, type=click.IntRange(min=1),
+              help="Episodes to play, one seed each (default: as many as the run's held-out evaluation, else 32).")
+@click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default=None,
+              help="Sample with transformers or vLLM (default: the backend the run trained with, else hf).")
+@click.option("--seed", default=None, type=click.IntRange(min=0),
+              help="Base seed of the episodes' seeds (default: the run's held-out seeds, else 0).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the trained one, else the env's).")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="Sampling temperature; 0 is greedy.")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1), help="Longest reply in tokens (default: the trained one, else 64).")
@@ -34,9 +37,9 @@ from envhub_trl.evaluation import finished_counter, progress_bar
 def eval_command(
     env_id: str,
     model_path: str,
-    episodes: int,
-    kind: str,
-    seed: int,
+    episodes: int | None,
+    kind: str | None,
+    seed: int | None,
     max_turns: int | None,
     temperature: float,
     max_new_tokens: int | None,
@@ -51,12 +54,15 @@ def eval_command(
 
     A model envhub trained is played on the prompts it trained on (its envhub.json: prompt
     settings, and the env's keyword arguments and turn limit when ENV_ID is the trained env);
-    each flag that overrides one of them says so."""
+    each flag that overrides one of them says so. On the env it trained on, it plays the run's
+    held-out evaluation again by default: the same seeds, the same end after invalid replies in a
+    row, the same generator backend, so ``envhub eval --model OUT/final`` repeats the run's
+    final figure."""
     from envhub_trl.generators import make_generator
     from envhub_trl.models import resolve_model
 
     try:
-        path = resolve_model(model_path, [env_id], seed)
+        path = resolve_model(model_path, [env_id], seed or 0)
         trained = _trained_on(path)
         trained_prompt, env_kwargs, trained_turns = trained.for_env(env_id)
         prompt = trained_prompt.replace(max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions)
@@ -68,17 +74,27 @@ def eval_command(
         if max_new_tokens is not None and trained.max_reply_tokens is not None and max_new_tokens != trained.max_reply_tokens:
             click.echo(f"max_new_tokens: {max_new_tokens} instead of the trained {trained.max_reply_tokens}", err=True)
         max_new_tokens = max_new_tokens or trained.max_reply_tokens or SamplingParams.max_new_tokens
+        held_out = trained.held_out if env_id == trained.env_id or env_id in trained.envs else None
+        if seed is None and held_out is not None:
+            episodes = episodes or held_out["episodes"]
+            seeds = held_out_seeds(held_out["seed_offset"], episodes)
+            click.echo(f"the run's held-out seeds: {episodes} from {held_out['seed_offset']}", err=True)
+        else:
+            episodes = episodes or 32
+            seeds = group_seeds(seed or 0, 0, episodes)
+        streak = held_out["max_invalid_streak"] if held_out is not None else None
+        kind = kind or ("vllm" if held_out is not None and held_out["generator"].startswith("vllm") else "hf")
         try:
-            generator = make_generator(kind, path, env_ids=[env_id], seed=seed)
+            generator = make_generator(kind, path, env_ids=[env_id], seed=seed or 0)
         except OSError as exc:  # a hub id that is neither cached nor downloadable here
             raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
         manager = EnvGroupManager(
-            env_id, episodes, 1, seed=seed, max_turns=max_turns, env_kwargs=env_kwargs,
-            tokenizer=generator.tokenizer, prompt=prompt,
+            env_id, episodes, 1, seed=seed or 0, max_turns=max_turns, env_kwargs=env_kwargs,
+            tokenizer=generator.tokenizer, prompt=prompt, max_invalid_streak=streak,
         )
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed or 0)
         with progress_bar("episodes", episodes) as bar:
-            trajectories = rollout(manager, generator, sampling, on_turn=finished_counter(bar))
+            trajectories = rollout(manager, generator, sampling, seeds=seeds, on_turn=finished_counter(bar))
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     metrics = batch_metrics(trajectories)
@@ -90,7 +106,7 @@ def eval_command(
         "invalid_action_rate": metrics["invalid_action_rate"],
         "mean_turns": metrics["mean_turns"],
     }
-    extra = {} if no_references else _references(env_id, episodes, seed, max_turns, env_kwargs)
+    extra = {} if no_references else _references(env_id, seeds, seed or 0, max_turns, env_kwargs)
     if as_json:
         click.echo(json.dumps({**report, **extra}))
         return
@@ -115,13 +131,11 @@ def _trained_on(path: str) -> TrainedOn:
     return trained
 
 
-def _references(env_id: str, episodes: int, seed: int, max_turns: int | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The reference policies on the seeds ``eval`` played (``group_seeds(seed, 0, episodes)``)."""
+def _references(env_id: str, seeds: list[int], seed: int, max_turns: int | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The reference policies on the seeds ``eval`` played (``seed``: the random policy's)."""
     from envhub.baselines import best_open_loop, reference_policies
     from envhub.error import PolicyError
-    from envhub.manager import group_seeds
 
-    seeds = group_seeds(seed, 0, episodes)
     click.echo("reference policies on the same seeds...", err=True)
     try:
         open_loop = best_open_loop(env_id, seeds, max_turns, env_kwargs)

@@ -407,6 +407,10 @@ class EnvGRPOConfig(GRPOConfig):
         return TrainedOn(
             self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs,
             max_reply_tokens=self.max_turn_tokens,
+            held_out={
+                "seed_offset": self.eval_seed_offset, "episodes": self.eval_episodes,
+                "max_invalid_streak": self.eval_max_invalid_streak, "generator": self.generator,
+            },
         )
 
     def estimator_settings(self) -> EstimatorSettings:
