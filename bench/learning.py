@@ -65,6 +65,10 @@ COMPARED = ("grpo", "gigpo")
 RUN_KEYS = {"model": "tiny", "warm_start": {}}
 #: GiGPO's target over GRPO at an equal budget, in held-out greedy success.
 GIGPO_MARGIN = 0.05
+#: The RL phase's targets (issue 29), in held-out greedy success against the warm start: the mean
+#: gain over training seeds at least 0, and no seed losing more than 2 points.
+RL_MEAN_GAIN_FLOOR = 0.0
+RL_SEED_LOSS_LIMIT = 0.02
 #: What --smoke changes (it checks that everything runs, in minutes on a busy machine): two RL steps
 #: of 8 short episodes, 16 held-out episodes, a token warm start; one seed.
 SMOKE_VALUES = {"max_steps": 2, "groups_per_step": 2, "group_size": 4, "per_device_train_batch_size": 8, "max_turns": 6, "eval_episodes": 16}
@@ -152,6 +156,12 @@ def summarise_algo(runs: dict[int, dict[str, Any]], references: dict[str, float]
         summary["ratio_to_optimal"] = {mode: after[mode] / references["optimal"] for mode in MODES}
     if "open-loop" in references:
         summary["gain_over_open_loop"] = {mode: after[mode] - references["open-loop"] for mode in MODES}
+    start = summary["start_stage"]
+    summary["rl_gain_per_seed"] = [
+        runs[s]["evaluations"][STAGES[2]]["greedy"]["success_rate"] - runs[s]["evaluations"][start]["greedy"]["success_rate"] for s in seeds
+    ]
+    # keep_best_on_validation: the RL step each seed's run ended with (None: the last, without selection).
+    summary["kept_steps"] = [(runs[s].get("validation") or {}).get("step") for s in seeds]
     summary["rl_steps"] = first["rl_steps"]
     summary["seconds_per_run"] = statistics.fmean(runs[s]["seconds"] for s in seeds)
     return summary
@@ -174,6 +184,15 @@ def check_targets(name: str, algos: dict[str, Any], references: dict[str, float]
                 "env": name, "algo": algo, "target": "held-out greedy success", "threshold": targets["success"],
                 "value": greedy, "met": greedy >= targets["success"],
             })
+        gains = summary["rl_gain_per_seed"]
+        checks.append({
+            "env": name, "algo": algo, "target": "RL gain in held-out greedy success, mean over seeds", "threshold": RL_MEAN_GAIN_FLOOR,
+            "value": statistics.fmean(gains), "met": statistics.fmean(gains) >= RL_MEAN_GAIN_FLOOR,
+        })
+        checks.append({
+            "env": name, "algo": algo, "target": "RL gain in held-out greedy success, worst seed", "threshold": -RL_SEED_LOSS_LIMIT,
+            "value": min(gains), "met": min(gains) >= -RL_SEED_LOSS_LIMIT - 1e-9,
+        })
     if set(COMPARED) <= set(algos):
         difference = algos["gigpo"]["after_rl"]["greedy"]["mean"] - algos["grpo"]["after_rl"]["greedy"]["mean"]
         checks.append({
