@@ -61,8 +61,9 @@ def eval_command(
     from envhub_trl.generators import make_generator
     from envhub_trl.models import resolve_model
 
+    base_seed = seed or 0  # --seed's default; None also says "the run's held-out seeds" below
     try:
-        path = resolve_model(model_path, [env_id], seed or 0)
+        path = resolve_model(model_path, [env_id], base_seed)
         trained = _trained_on(path)
         trained_prompt, env_kwargs, trained_turns = trained.for_env(env_id)
         prompt = trained_prompt.replace(max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions)
@@ -81,18 +82,18 @@ def eval_command(
             click.echo(f"the run's held-out seeds: {episodes} from {held_out['seed_offset']}", err=True)
         else:
             episodes = episodes or 32
-            seeds = group_seeds(seed or 0, 0, episodes)
+            seeds = group_seeds(base_seed, 0, episodes)
         streak = held_out["max_invalid_streak"] if held_out is not None else None
         kind = kind or ("vllm" if held_out is not None and held_out["generator"].startswith("vllm") else "hf")
         try:
-            generator = make_generator(kind, path, env_ids=[env_id], seed=seed or 0)
+            generator = make_generator(kind, path, env_ids=[env_id], seed=base_seed)
         except OSError as exc:  # a hub id that is neither cached nor downloadable here
             raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
         manager = EnvGroupManager(
-            env_id, episodes, 1, seed=seed or 0, max_turns=max_turns, env_kwargs=env_kwargs,
+            env_id, episodes, 1, seed=base_seed, max_turns=max_turns, env_kwargs=env_kwargs,
             tokenizer=generator.tokenizer, prompt=prompt, max_invalid_streak=streak,
         )
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed or 0)
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=base_seed)
         with progress_bar("episodes", episodes) as bar:
             trajectories = rollout(manager, generator, sampling, seeds=seeds, on_turn=finished_counter(bar))
     except EnvhubError as exc:
@@ -106,7 +107,7 @@ def eval_command(
         "invalid_action_rate": metrics["invalid_action_rate"],
         "mean_turns": metrics["mean_turns"],
     }
-    extra = {} if no_references else _references(env_id, seeds, seed or 0, max_turns, env_kwargs)
+    extra = {} if no_references else _references(env_id, seeds, base_seed, max_turns, env_kwargs)
     if as_json:
         click.echo(json.dumps({**report, **extra}))
         return

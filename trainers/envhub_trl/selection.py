@@ -28,6 +28,20 @@ from envhub_trl.evaluation import held_out_seeds
 BEST_FILE = "validation-best.pt"
 
 
+def greedy_point(trainer: Any, step: int, what: str, seeds: list[int] | None = None) -> dict[str, Any]:
+    """Greedy success of ``trainer``'s policy at optimizer ``step`` on ``seeds`` (None: the held-out
+    ones) for every env of the run: ``{"step", "greedy"}`` (the mean over envs), with ``per_env``
+    for a mix. ``what`` names the seeds in the progress labels."""
+    entries = trainer.args.env_entries()
+    rates = {
+        e.env_id: trainer.evaluate_env(seeds, env=e, label=f"{what} at step {step}, {e.env_id}, greedy")["success_rate"] for e in entries
+    }
+    point = {"step": step, "greedy": sum(rates.values()) / len(rates)}
+    if len(entries) > 1:
+        point["per_env"] = rates
+    return point
+
+
 class ValidationSelection(TrainerCallback):
     """Validate ``trainer``'s policy through its run (:meth:`finish` at its end) and load the best one (:meth:`restore`).
 
@@ -49,14 +63,7 @@ class ValidationSelection(TrainerCallback):
     def validate(self, step: int) -> None:
         """Measure the current policy at optimizer step ``step``; keep its weights if it is the best so far."""
         trainer = self.trainer
-        entries = trainer.args.env_entries()
-        rates = {
-            e.env_id: trainer.evaluate_env(self.seeds, env=e, label=f"validation at step {step}, {e.env_id}, greedy")["success_rate"]
-            for e in entries
-        }
-        point = {"step": step, "greedy": sum(rates.values()) / len(rates)}
-        if len(entries) > 1:
-            point["per_env"] = rates
+        point = greedy_point(trainer, step, "validation", self.seeds)
         before = self.best
         self.points.append(point)
         if before is None or point["greedy"] > before["greedy"]:

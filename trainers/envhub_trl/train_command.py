@@ -142,6 +142,8 @@ def _periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any
     run measured before its checkpoint."""
     from transformers import TrainerCallback
 
+    from envhub_trl.selection import greedy_point
+
     every = trainer.args.eval_steps
     if not every:
         return None
@@ -153,14 +155,7 @@ def _periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step % every == 0 and state.global_step < state.max_steps:
-                entries = trainer.args.env_entries()
-                rates = {
-                    e.env_id: trainer.evaluate_env(label=f"held-out at step {state.global_step}, {e.env_id}, greedy", env=e)["success_rate"]
-                    for e in entries
-                }
-                point = {"step": state.global_step, "greedy": sum(rates.values()) / len(rates)}
-                if len(entries) > 1:
-                    point["per_env"] = rates
+                point = greedy_point(trainer, state.global_step, "held-out")
                 self.points.append(point)
                 click.echo(f"held-out success at step {state.global_step}: {point['greedy']:.1%} greedy", err=True)
 
