@@ -38,6 +38,7 @@ def test_a_config_mapping_reads_the_schedule_and_describes_it():
     assert (warm.lr_schedule, warm.warmup_steps, warm.max_grad_norm) == ("cosine", 50, 1.0)
     assert "cosine learning rate, 50 warm-up steps" in warm.describe()
     assert "learning rate" not in WarmStart(steps=10).describe()
+    assert WarmStart(steps=1, episodes=1).describe() == "1 supervised step on 1 expert episode"
 
 
 class _Recorder(torch.nn.Module):

@@ -340,4 +340,6 @@ class WarmStart:
             if self.dagger_rounds
             else ""
         )
-        return f"{self.steps} supervised steps{schedule} on {self.episodes} expert episodes{noise}{dagger}"
+        steps = f"{self.steps} supervised step{'' if self.steps == 1 else 's'}"
+        episodes = f"{self.episodes} expert episode{'' if self.episodes == 1 else 's'}"
+        return f"{steps}{schedule} on {episodes}{noise}{dagger}"
