@@ -266,6 +266,9 @@ def run_training(
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from None
     entries = args.env_entries()
+    # Wall time of the warm start (this process's; None when resumed past it) and of RL (its
+    # validations included); "seconds" is the whole command's.
+    phase_seconds: dict[str, float | None] = {"warm_start": None, "rl": None}
     try:
         model, tokenizer = load_model_and_tokenizer(
             model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
@@ -276,10 +279,12 @@ def run_training(
             evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
             if warm_start.active:
                 click.echo(f"warm start: {warm_start.describe()}", err=True)
+                begun = time.perf_counter()
                 warm_start.run_on(
                     model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
                     reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
                 )
+                phase_seconds["warm_start"] = time.perf_counter() - begun
                 fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
                 trainer.weights_changed()  # a vLLM generator still holds the initial weights
                 trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
@@ -300,7 +305,9 @@ def run_training(
             "before_rl": before_rl, "held_out_curve": periodic.points if periodic is not None else [],
             "validation_curve": selection.points if selection is not None else [],
         }
+        begun = time.perf_counter()
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+        phase_seconds["rl"] = time.perf_counter() - begun
         kept = None
         if selection is not None:
             kept = {**selection.finish(), "curve": selection.points, "episodes": args.validation_episodes,
@@ -371,6 +378,7 @@ def run_training(
             if "env/success_rate" in entry
         ],
         "seconds": time.perf_counter() - started,
+        "phase_seconds": phase_seconds,
         "config": config,
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
