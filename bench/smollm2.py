@@ -14,11 +14,17 @@ Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
 - Warm start (``--parts warm-start``): :data:`RECIPE`'s run up to RL, as ``envhub train`` makes it:
   zero-shot held-out greedy success with the recipe's prompt, the warm start's wall time, held-out
   greedy success after it (``--held-out`` seeds), and the reference policies on those seeds.
+- The recipe's whole run (``--parts recipe``): ``envhub train --model smollm2-135m --config
+  RECIPE`` (``--set KEY=VALUE`` overrides, into ``--run-dir``), then ``envhub eval --model
+  OUT/final`` on the run's held-out seeds: zero-shot, warm-start and after-RL held-out greedy
+  success, the references, the phases' wall time, and how far eval's figure is from the run's.
+  ``--reuse`` reads a finished run of the same recipe there instead of training again.
 - Supervised (warm-start) step: one AdamW step of cross-entropy on 16 expert samples of
   FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA; the median
   over ``--steps`` steps.
 
-    python bench/smollm2.py [--parts zero-shot sft rl warm-start] [--episodes 32] [--held-out 256] [--recipe FILE] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
+    python bench/smollm2.py [--parts zero-shot sft rl warm-start recipe] [--episodes 32] [--held-out 256] [--recipe FILE]
+        [--run-dir DIR] [--reuse] [--set KEY=VALUE ...] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
 
 Prints the figures and writes bench/results/smollm2.json.
 """
@@ -26,10 +32,13 @@ Prints the figures and writes bench/results/smollm2.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,7 +60,7 @@ from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
 from envhub_trl.warm_start import expert_samples, supervised_steps, trainable_parameters  # noqa: E402
 
 ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
-PARTS = ("zero-shot", "sft", "rl", "warm-start")
+PARTS = ("zero-shot", "sft", "rl", "warm-start", "recipe")
 #: The recipe whose warm start ``--parts warm-start`` measures.
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_frozenlake.yaml"
 #: The warm start's samples: the FrozenLake demo's prompt (one turn a sample, no history, no turn
@@ -157,6 +166,54 @@ def warm_start_run(config: Path, episodes: int, out: str) -> dict:
     return figures
 
 
+def recipe_run(config: Path, out: Path, overrides: list[str], reuse: bool) -> dict:
+    """The recipe's whole run, as a user makes it: ``envhub train --model smollm2-135m --config
+    FILE --output-dir OUT [KEY=VALUE...]``, then ``envhub eval ENV --model OUT/final --json``,
+    each in its own process. The figures are the run's ``results.json`` (held-out greedy success
+    zero-shot, after the warm start and after RL, the references, the phases' wall time) and
+    what ``eval`` gives on the same seeds. With ``reuse``, a finished run in ``out`` made with
+    exactly this recipe, these overrides and this model is read instead of trained again."""
+    from envhub_trl.train_command import load_config_file, split_warm_start
+
+    values = load_config_file(str(config), overrides)
+    warm_start = split_warm_start(values, str(config))
+    values.setdefault("report_to", "none")  # as run_training records it
+    lora = LoraSettings.from_mapping(values.pop("lora", None))
+    if lora is not None:
+        values["lora"] = lora.record()
+    envhub = [sys.executable, "-c", "from envhub.cli import cli; cli()"]
+    results_path = out / "results.json"
+    if not (reuse and results_path.exists()):
+        train = [*envhub, "train", "--model", SMOLLM2, "--config", str(config), "--output-dir", str(out), "--overwrite", *overrides]
+        print("$ envhub " + " ".join(train[3:]), flush=True)
+        subprocess.run(train, check=True)
+    results = json.loads(results_path.read_text())
+    made = {"config": results["config"], "warm_start": results["warm_start"], "model": results["model"]}
+    wanted = {"config": values, "warm_start": dataclasses.asdict(warm_start), "model": SMOLLM2}
+    if made != wanted:
+        changed = sorted(k for k in set(made["config"]) | set(values) if made["config"].get(k) != values.get(k))
+        raise SystemExit(f"{out} holds a run of another recipe (differs in {changed or 'warm_start/model'}); run without --reuse")
+    start = time.perf_counter()
+    evaluated = subprocess.run([*envhub, "eval", results["env_id"], "--model", str(out / "final"), "--json"], check=True, capture_output=True, text=True)
+    again = json.loads(evaluated.stdout.strip().splitlines()[-1])
+    stages = {stage: figures["greedy"] for stage, figures in results["evaluations"].items()}
+    final = stages["after RL"]["success_rate"]
+    figures = {
+        "recipe": str(config), "overrides": overrides, "output_dir": str(out), "env_id": results["env_id"],
+        "held_out_episodes": results["held_out_episodes"], "held_out_seed_offset": results["held_out_seed_offset"],
+        "stages": stages, "references": results["references"], "rl_steps": results["rl_steps"],
+        "rl_success_gain": results["rl_success_gain"]["greedy"], "validation": results["validation"],
+        "seconds": results["seconds"], "phase_seconds": results.get("phase_seconds"),
+        "eval": {"success_rate": again["success_rate"], "episodes": again["episodes"], "seconds": time.perf_counter() - start,
+                 "points_from_run": 100 * (again["success_rate"] - final)},
+    }
+    print(f"{results['env_id']}: " + ", ".join(f"{stage} {m['success_rate']:.1%}" for stage, m in stages.items())
+          + f" (RL {figures['rl_success_gain'] * 100:+.1f} points); references "
+          + ", ".join(f"{name} {rate:.1%}" for name, rate in results["references"].items())
+          + f"; envhub eval --model OUT/final {again['success_rate']:.1%} ({figures['eval']['points_from_run']:+.1f} points)", flush=True)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=32, help="Held-out episodes per environment.")
@@ -166,7 +223,10 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, default=16, help="Rank of the LoRA adapter timed against training every weight.")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure.")
     parser.add_argument("--held-out", type=int, default=256, help="Held-out episodes of the warm-start part.")
-    parser.add_argument("--recipe", type=Path, default=RECIPE, help="The config file whose warm start --parts warm-start runs.")
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="The config file whose warm start --parts warm-start runs, and that --parts recipe runs.")
+    parser.add_argument("--run-dir", type=Path, default=Path("bench/results/smollm2-recipe"), help="Output folder of --parts recipe's run.")
+    parser.add_argument("--reuse", action="store_true", help="--parts recipe reads a finished run of the same recipe in --run-dir instead of training again.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe field in --parts recipe (as envhub train's KEY=VALUE).")
     args = parser.parse_args()
     torch.manual_seed(0)
     lora = LoraSettings(r=args.lora_r)
@@ -187,6 +247,8 @@ def main() -> None:
     if "warm-start" in args.parts:
         with tempfile.TemporaryDirectory() as out:
             figures["warm_start_run"] = warm_start_run(args.recipe.resolve(), args.held_out, out)
+    if "recipe" in args.parts:
+        figures["recipe_run"] = recipe_run(args.recipe.resolve(), args.run_dir.resolve(), args.overrides, args.reuse)
     figures.update({"steps_timed_each": args.steps, "lora": lora.record()})
     for env_id, metrics in figures.get("zero_shot", {}).items():
         print(f"{'zero-shot success ' + env_id:<56} {metrics['success_rate']:.1%}")
