@@ -60,3 +60,7 @@ class ModelNotFound(EnvhubError):
 class ResumeError(EnvhubError, ValueError):
     """A training run cannot resume as asked (no checkpoint, a checkpoint of another run), or would
     overwrite an earlier run's checkpoints; the message says which flag or path to give."""
+
+
+class GeneratorOptionError(EnvhubError, ValueError):
+    """A generator option (``generator_kwargs``) that the chosen backend does not take."""

@@ -97,6 +97,30 @@ def test_a_registered_backend_is_built_by_name_and_synced_by_its_capabilities(sc
     assert trainer.generator is generator
 
 
+def test_an_option_the_backend_does_not_take_is_named_and_trls_vllm_memory_field_reaches_vllm(tmp_path, monkeypatch):
+    """A recipe that says vLLM's memory share in TRL's field switches to generator=hf unchanged;
+    one that passes a vLLM option to hf through generator_kwargs gets a one-line error."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub.error import GeneratorOptionError
+    from envhub_trl.generators import vllm_engine
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = save_tiny_lake_model(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    bad = _config(tmp_path / "bad", generator="hf", generator_kwargs={"gpu_memory_utilization": 0.05})
+    with pytest.raises(GeneratorOptionError, match="the hf generator takes no 'gpu_memory_utilization'.*vllm_gpu_memory_utilization"):
+        EnvGRPOTrainer(model, bad, processing_class=tokenizer).generator
+    assert isinstance(EnvGRPOTrainer(model, _config(tmp_path / "hf", vllm_gpu_memory_utilization=0.05), processing_class=tokenizer).generator, HFGenerator)
+
+    built = {}
+    monkeypatch.setattr(vllm_engine, "VLLMGenerator", lambda folder, **kwargs: built.update(kwargs))
+    vllm_engine.build_vllm(model, tokenizer, _config(tmp_path / "vllm", vllm_gpu_memory_utilization=0.05))
+    assert built["gpu_memory_utilization"] == 0.05
+    vllm_engine.build_vllm(model, tokenizer, _config(tmp_path / "vllm", vllm_gpu_memory_utilization=0.05), gpu_memory_utilization=0.2)
+    assert built["gpu_memory_utilization"] == 0.2  # generator_kwargs, the more specific, wins
+
+
 def test_a_locally_synced_generator_gets_the_weights_once_per_step(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -30,6 +30,7 @@ import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
 
+from envhub.error import GeneratorOptionError
 from envhub.generation import Generator, SamplingParams
 from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
@@ -164,7 +165,17 @@ class EnvGRPOTrainer(TRLBridge):
     def _build_generator(self, model: Any) -> Generator:
         """``args.generator``'s registered backend, built for this model and run."""
         chosen = backend(self.args.generator)
-        generator = chosen.build(model, self.processing_class, self.args, **dict(self.args.generator_kwargs or {}))
+        options = dict(self.args.generator_kwargs or {})
+        try:
+            generator = chosen.build(model, self.processing_class, self.args, **options)
+        except TypeError as exc:
+            unknown = [name for name in options if f"unexpected keyword argument '{name}'" in str(exc)]
+            if not unknown:
+                raise
+            raise GeneratorOptionError(
+                f"generator_kwargs: the {self.args.generator} generator takes no {unknown[0]!r} (vLLM's share of memory is "
+                "vllm_gpu_memory_utilization, which the other generators ignore)"
+            ) from None
         if chosen.in_sync_when_built:
             self._synced_step = self.state.global_step  # it starts from the current weights
         return generator

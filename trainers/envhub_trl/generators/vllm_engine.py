@@ -277,6 +277,9 @@ def build_vllm(model: Any, tokenizer: Any, args: Any, **kwargs: Any) -> VLLMGene
     merged_model(model).save_pretrained(folder)  # vLLM serves the merged weights of a LoRA model
     tokenizer.save_pretrained(folder)
     kwargs.setdefault("dtype", str(model.dtype).removeprefix("torch."))
+    # TRL's own field for it, which a config that switches to generator=hf may keep.
+    if getattr(args, "vllm_gpu_memory_utilization", None) is not None:
+        kwargs.setdefault("gpu_memory_utilization", args.vllm_gpu_memory_utilization)
     # What the run needs: the longest prompt plus a reply (the model's own limit caps it).
     if args.max_prompt_tokens is not None:
         kwargs.setdefault("max_model_len", args.max_prompt_tokens + args.max_turn_tokens + 1)
