@@ -134,7 +134,7 @@ def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: 
     return times
 
 
-def warm_start_run(config: Path, episodes: int, out: str) -> dict:
+def warm_start_run(config: Path, episodes: int, out: str, overrides: list[str]) -> dict:
     """The recipe's run up to RL, as ``envhub train`` makes it: held-out greedy success of the model
     as loaded (zero-shot, with the recipe's prompt), the warm start and its wall time, held-out
     success after it, and the reference policies on the same seeds."""
@@ -142,14 +142,14 @@ def warm_start_run(config: Path, episodes: int, out: str) -> dict:
     from envhub_trl.models import load_model_and_tokenizer
     from envhub_trl.train_command import _evaluate, _references, load_config_file, split_warm_start
 
-    values = load_config_file(str(config))
+    values = load_config_file(str(config), overrides)
     warm_start = split_warm_start(values, str(config))
     lora = LoraSettings.from_mapping(values.pop("lora", None))
     args = EnvGRPOConfig(**{**values, "output_dir": out, "report_to": "none", "eval_episodes": episodes, "use_cpu": True})
     entry = args.env_entries()[0]
     model, tokenizer = load_model_and_tokenizer(SMOLLM2, [entry.env_id], args.seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
-    figures = {"recipe": str(config), "warm_start": warm_start.describe(), "held_out_episodes": episodes}
+    figures = {"recipe": str(config), "overrides": overrides, "warm_start": warm_start.describe(), "held_out_episodes": episodes}
     figures["zero_shot"] = _evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
     start = time.perf_counter()
     warm_start.run_on(model, tokenizer, [(entry.env_id, args.manager_kwargs_for(entry))], args.seed, reply_tokens=args.max_turn_tokens)
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="The config file whose warm start --parts warm-start runs, and that --parts recipe runs.")
     parser.add_argument("--run-dir", type=Path, default=Path("bench/results/smollm2-recipe"), help="Output folder of --parts recipe's run.")
     parser.add_argument("--reuse", action="store_true", help="--parts recipe reads a finished run of the same recipe in --run-dir instead of training again.")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe field in --parts recipe (as envhub train's KEY=VALUE).")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="Override a recipe field in --parts warm-start and recipe (as envhub train's KEY=VALUE).")
     args = parser.parse_args()
     torch.manual_seed(0)
     lora = LoraSettings(r=args.lora_r)
@@ -246,7 +246,7 @@ def main() -> None:
         figures["train_config"] = {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens}
     if "warm-start" in args.parts:
         with tempfile.TemporaryDirectory() as out:
-            figures["warm_start_run"] = warm_start_run(args.recipe.resolve(), args.held_out, out)
+            figures["warm_start_run"] = warm_start_run(args.recipe.resolve(), args.held_out, out, args.overrides)
     if "recipe" in args.parts:
         figures["recipe_run"] = recipe_run(args.recipe.resolve(), args.run_dir.resolve(), args.overrides, args.reuse)
     figures.update({"steps_timed_each": args.steps, "lora": lora.record()})
