@@ -258,6 +258,8 @@ def main() -> None:
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
     name = "smollm2.json" if set(args.parts) == set(PARTS) else f"smollm2-{'-'.join(args.parts)}.json"
+    if {"warm-start", "recipe"} & set(args.parts) and args.recipe.resolve() != RECIPE:
+        name = name.replace(".json", f"-{args.recipe.stem}.json")  # another recipe's figures beside the default's
     (results / name).write_text(json.dumps(figures, indent=2))
 
 
