@@ -275,15 +275,14 @@ def half_expert_runs():
         yield
 
 
-@pytest.fixture(scope="module")
-def cli_runs(tmp_path_factory, half_expert_runs):
-    """``envhub train`` uninterrupted, and the same run killed right after ``checkpoint-1``."""
+def _whole_and_cut(folder: Path, config_text: str) -> tuple[Path, list[str]]:
+    """``envhub train`` uninterrupted into ``folder/whole``, and the same run killed right after
+    ``checkpoint-1`` into ``folder/cut``."""
     from envhub.cli import cli
     from envhub_trl.trainer import EnvGRPOTrainer
 
-    folder = tmp_path_factory.mktemp("cli")
     config = folder / "run.yaml"
-    config.write_text(CLI_CONFIG)
+    config.write_text(config_text)
     command = ["train", "--env", LAKE, "--algo", "grpo", "--config", str(config), "--output-dir"]
     whole = CliRunner().invoke(cli, [*command, str(folder / "whole")])
     assert whole.exit_code == 0, whole.output
@@ -300,6 +299,12 @@ def cli_runs(tmp_path_factory, half_expert_runs):
         cut = CliRunner().invoke(cli, [*command, str(folder / "cut")])
     assert isinstance(cut.exception, Killed), cut.output
     return folder, command
+
+
+@pytest.fixture(scope="module")
+def cli_runs(tmp_path_factory, half_expert_runs):
+    """``envhub train`` uninterrupted, and the same run killed right after ``checkpoint-1``."""
+    return _whole_and_cut(tmp_path_factory.mktemp("cli"), CLI_CONFIG)
 
 
 def _results(folder: Path) -> dict:
@@ -334,6 +339,21 @@ def test_train_command_resumes_to_the_uninterrupted_runs_figures_and_weights(cli
     assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
     start = AutoModelForCausalLM.from_pretrained(cut / "checkpoint-1").state_dict()
     assert _max_difference(_final_weights(cut), start) > 1e-4  # the resumed steps trained: the comparison can fail
+
+
+@pytest.mark.slow
+def test_a_lora_run_resumes_to_the_uninterrupted_runs_figures_and_weights(tmp_path, half_expert_runs):
+    """With LoRA the warm start's adapter is folded into the weights before RL, and a checkpoint
+    must hold those weights, not only RL's adapter: the resumed run ends where the whole one does."""
+    from envhub.cli import cli
+
+    folder, command = _whole_and_cut(tmp_path, CLI_CONFIG + "lora: {r: 4, alpha: 8}\n")
+    cut = folder / "cut"
+    resumed = CliRunner().invoke(cli, [*command, str(cut), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "warm start:" not in resumed.stderr
+    assert _results(cut) == _results(folder / "whole")
+    assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
 
 
 @pytest.mark.slow

@@ -22,6 +22,8 @@ files beside it) holds:
 - The training metrics gathered since the last log line, which that line averages.
 - REINFORCE++'s frozen reference (``reference_model.safetensors``): the policy as RL started,
   not the checkpoint's weights.
+- A LoRA run's weights under its adapter (``envhub_base_weights.safetensors``): the Trainer saves
+  the adapter alone, but ``envhub train`` folds the warm start's adapter into those weights.
 
 PPO's value head is saved in every checkpoint by the trainer itself (``value_head.safetensors``).
 
@@ -64,6 +66,9 @@ from envhub.error import ResumeError
 RUN_STATE_FILE = "envhub_run_state.json"
 #: REINFORCE++'s frozen reference in a checkpoint folder.
 REFERENCE_FILE = "reference_model.safetensors"
+#: A LoRA run's weights under its adapter: the Trainer saves only the adapter, but the base holds
+#: the warm start folded into it (``envhub train`` with ``lora:``), and the KL term's reference.
+BASE_FILE = "envhub_base_weights.safetensors"
 #: One process's generation batch under training, when the checkpoint falls inside one.
 BUFFER_FILE = "envhub_buffered_inputs_{process}.pt"
 #: ``envhub train``'s record in a checkpoint folder (what the trainer's ``run_record`` holds).
@@ -190,11 +195,17 @@ def save(trainer: Any, folder: str | Path) -> None:
         torch.save(trl_bridge.buffered_inputs(trainer), folder / BUFFER_FILE.format(process=trainer.accelerator.process_index))
     if not trainer.accelerator.is_main_process:
         return
+    from safetensors.torch import save_model
+
+    from envhub_trl.lora import is_peft_model
+
     reference = getattr(trainer, "_reference", None)
     if reference is not None:
-        from safetensors.torch import save_model
-
         save_model(reference, str(folder / REFERENCE_FILE))  # handles tied weights, which save_file refuses
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    adapter = is_peft_model(model)
+    if adapter:
+        save_model(model, str(folder / BASE_FILE))
     curriculum = trainer.curriculum
     state = {
         "version": VERSION,
@@ -205,6 +216,7 @@ def save(trainer: Any, folder: str | Path) -> None:
         "curriculum": None if curriculum is None else {"stage": curriculum.stage, "recent": list(curriculum.recent)},
         "pending_metrics": trl_bridge.pending_metrics(trainer),
         "reference": reference is not None,
+        "base_weights": adapter,
     }
     (folder / RUN_STATE_FILE).write_text(json.dumps(state, indent=1))
     record = getattr(trainer, "run_record", None)  # envhub train's; None for a trainer used from Python
@@ -297,7 +309,21 @@ def restore(trainer: Any, checkpoint: str | Path) -> bool:
     trl_bridge.set_pending_metrics(trainer, state["pending_metrics"])
     if state["reference"]:
         _restore_reference(trainer, folder)
+    if state.get("base_weights"):  # absent in checkpoints from before it was saved
+        _restore_base(trainer, folder)
     return True
+
+
+def _restore_base(trainer: Any, folder: Path) -> None:
+    """A LoRA run's weights under its adapter (the Trainer then loads the adapter itself)."""
+    from safetensors.torch import load_model
+
+    path = folder / BASE_FILE
+    if not path.is_file():
+        raise ResumeError(f"{folder} was saved from a LoRA run but holds no {BASE_FILE}; resume from another checkpoint")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    load_model(model, str(path), device=str(next(model.parameters()).device))
+    trainer.weights_changed()  # a generator with its own copy of the weights gets these
 
 
 def _restore_reference(trainer: Any, folder: Path) -> None:
