@@ -139,6 +139,28 @@ def test_train_with_lora_and_vllm_saves_a_merged_model_that_loads_without_peft(t
     assert json.loads((out / "results.json").read_text())["config"]["lora"]["r"] == 4
 
 
+@pytest.mark.slow
+def test_async_rollouts_with_lora_play_with_the_merged_weights(tmp_path, monkeypatch):
+    """The async producer's generator gets the merged weights under the base names: with HF, a
+    plain copy of the base model (a LoRA model cannot be rebuilt from its config: the producer
+    failed to start with a TypeError)."""
+    from envhub_trl.async_rollout import AsyncRollouts
+    from envhub_trl.train_command import run_training
+    from envhub_trl.warm_start import WarmStart
+
+    posted = []
+    post = AsyncRollouts.post_weights
+    monkeypatch.setattr(AsyncRollouts, "post_weights", lambda self, batch, weights: (posted.append(weights), post(self, batch, weights))[1])
+    values = {
+        "env_id": LAKE, "output_dir": str(tmp_path / "out"), "eval_episodes": 2, "lora": {"r": 4}, "max_steps": 2, "groups_per_step": 2,
+        "group_size": 2, "per_device_train_batch_size": 4, "max_turns": 3, "gradient_checkpointing": False, "learning_rate": 0.01,
+        "rollout_mode": "async", "max_staleness": 1, "generator": "hf",
+    }
+    results = run_training(values, "tiny", warm_start=WarmStart(steps=2, episodes=4))
+    assert results["rl_steps"] == 2 and len(posted) >= 2
+    assert not any("lora" in name or "base_layer" in name for weights in posted for name in weights)
+
+
 def test_train_refuses_bad_lora_settings_in_one_line(tmp_path):
     from click.testing import CliRunner
 

@@ -36,6 +36,7 @@ from envhub.rollout import RolloutStats, Trajectory
 from envhub_trl import pipeline
 from envhub_trl.callbacks import StopAsync
 from envhub_trl.generators import capabilities_of
+from envhub_trl.lora import is_peft_model, merged_weights
 
 
 def truncated_importance_weights(
@@ -189,9 +190,11 @@ def start_producer(trainer: Any, model: Any, rows: int, group_size: int) -> Asyn
         # It samples with the trained model object, which trains meanwhile: the producer gets a
         # fresh model of the same config with the weights, not a deepcopy (a copy would carry
         # whatever the trainer has patched onto the training model at this moment).
-        copy_of_model = type(model)(model.config).to(model.device, model.dtype).eval().requires_grad_(False)
-        copy_of_model.load_state_dict(model.state_dict())
-        copy_of_model.generation_config = copy.deepcopy(model.generation_config)
+        # A LoRA model's copy is its plain base model, holding the merged weights the trainer posts.
+        base = model.get_base_model() if is_peft_model(model) else model
+        copy_of_model = type(base)(base.config).to(base.device, base.dtype).eval().requires_grad_(False)
+        copy_of_model.load_state_dict(merged_weights(model))
+        copy_of_model.generation_config = copy.deepcopy(base.generation_config)
         generator = generator.with_model(copy_of_model)
         load = copy_of_model.load_state_dict
     elif sync == "local":

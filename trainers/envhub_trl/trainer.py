@@ -45,6 +45,7 @@ from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_l
 from envhub_trl.estimators import NEEDS
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
+from envhub_trl.lora import merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
 from envhub_trl.rollout_batch import episode_return
 from envhub_trl.trl_bridge import TRLBridge, loadable_reference
@@ -293,7 +294,8 @@ class EnvGRPOTrainer(TRLBridge):
             self._async = start_producer(self, model, rows, group_size)
         batch = self._async_batches
         self._async_batches += 1
-        self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in model.state_dict().items()})
+        # Under the base model's names, a LoRA model's adapters merged in: what a generator loads.
+        self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in merged_weights(model).items()})
         trajectories, stats, version = self._async.take(batch)
         return trajectories, stats, batch - version
 
