@@ -19,12 +19,20 @@ Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
   OUT/final`` on the run's held-out seeds: zero-shot, warm-start and after-RL held-out greedy
   success, the references, the phases' wall time, and how far eval's figure is from the run's.
   ``--reuse`` reads a finished run of the same recipe there instead of training again.
+- Generation (``--parts generation``): turns per second over ``--generation-episodes`` FrozenLake
+  episodes of the recipe (groups of its ``group_size`` from one seed each, sampled at temperature 1
+  as in RL, replies of up to its ``max_turn_tokens``) with transformers' ``generate``, which
+  re-encodes every prompt whole, and with vLLM, whose prefix cache computes a prompt's new tokens
+  only; in the recipe's step layout (one turn in the prompt) and in the trajectory layout (the
+  episode so far in the prompt, where re-encoding grows with every turn). ``--policy`` plays a
+  trained folder (``OUT/final``), so that episodes run as long as a learning policy's do.
 - Supervised (warm-start) step: one AdamW step of cross-entropy on 16 expert samples of
   FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA; the median
   over ``--steps`` steps.
 
-    python bench/smollm2.py [--parts zero-shot sft rl warm-start recipe] [--episodes 32] [--held-out 256] [--recipe FILE]
-        [--run-dir DIR] [--reuse] [--set KEY=VALUE ...] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
+    python bench/smollm2.py [--parts zero-shot sft rl generation warm-start recipe] [--episodes 32] [--held-out 256]
+        [--recipe FILE] [--run-dir DIR] [--reuse] [--set KEY=VALUE ...] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
+        [--generation-episodes 64] [--policy FOLDER]
 
 Prints the figures and writes bench/results/smollm2.json.
 """
@@ -60,7 +68,7 @@ from envhub_trl.trainer import EnvGRPOTrainer  # noqa: E402
 from envhub_trl.warm_start import expert_samples, supervised_steps, trainable_parameters  # noqa: E402
 
 ENVS = ("frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban-v0")
-PARTS = ("zero-shot", "sft", "rl", "warm-start", "recipe")
+PARTS = ("zero-shot", "sft", "rl", "generation", "warm-start", "recipe")
 #: The recipe whose warm start ``--parts warm-start`` measures.
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_frozenlake.yaml"
 #: The warm start's samples: the FrozenLake demo's prompt (one turn a sample, no history, no turn
@@ -134,18 +142,66 @@ def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: 
     return times
 
 
+def recipe_config(config: Path, overrides: list[str], out: str, **fields: object) -> tuple[EnvGRPOConfig, object, LoraSettings | None]:
+    """The recipe's ``EnvGRPOConfig`` on the CPU (with ``fields`` set), its warm start and its LoRA settings,
+    read as ``envhub train`` reads the file and its ``KEY=VALUE`` overrides."""
+    from envhub_trl.train_command import load_config_file, split_warm_start
+
+    values = load_config_file(str(config), overrides)
+    warm_start = split_warm_start(values, str(config))
+    lora = LoraSettings.from_mapping(values.pop("lora", None))
+    args = EnvGRPOConfig(**{**values, "output_dir": out, "report_to": "none", "use_cpu": True, **fields})
+    return args, warm_start, lora
+
+
+def generation_rates(path: str, episodes: int, out: str) -> dict:
+    """Turns per second of :data:`RECIPE`'s episodes with HF's ``generate`` and with vLLM, in the
+    step and the trajectory layouts (see the module's docstring), after an untimed group each."""
+    from envhub.manager import EnvGroupManager
+    from envhub.rollout import RolloutStats, rollout
+    from envhub.trajectory import batch_metrics
+    from envhub_trl.generators import HFGenerator
+
+    args, _, _ = recipe_config(RECIPE, [], out)
+    entry = args.env_entries()[0]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    sampling = SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=1.0, seed=0)
+    groups = max(1, episodes // args.group_size)
+    figures: dict = {"env_id": entry.env_id, "episodes": groups * args.group_size, "group_size": args.group_size,
+                     "max_turns": args.max_turns, "max_turn_tokens": args.max_turn_tokens, "temperature": 1.0}
+    for backend in ("hf", "vllm"):
+        if backend == "hf":
+            generator = HFGenerator.from_pretrained(path, batch_size=groups * args.group_size, dtype="float32", device="cpu")
+        else:
+            generator = VLLMGenerator(path, **{**VLLM_KWARGS, "max_model_len": args.max_prompt_tokens + args.max_turn_tokens})
+        for layout in ("step", "trajectory"):
+            kwargs = {**args.manager_kwargs_for(entry), "layout": layout}
+            for timed, seeds in ((False, [SEED_OFFSET - 1]), (True, list(range(SEED_OFFSET, SEED_OFFSET + groups)))):
+                stats = RolloutStats()
+                with EnvGroupManager(entry.env_id, len(seeds), args.group_size, tokenizer=tokenizer, **kwargs) as manager:
+                    trajectories = rollout(manager, generator, sampling, seeds=seeds, stats=stats)
+            figures[f"{backend}_{layout}"] = {
+                "turns": stats.turns, "seconds": stats.seconds, "turns_per_s": stats.turns_per_s,
+                "generate_seconds": stats.generate_busy_s, "success_rate": batch_metrics(trajectories)["success_rate"],
+            }
+            print(f"{backend} generation, {layout} layout: {stats.turns} turns in {stats.seconds:.1f} s, {stats.turns_per_s:.1f} turns/s "
+                  f"({stats.generate_busy_s:.1f} s generating; sampled success {figures[f'{backend}_{layout}']['success_rate']:.1%})", flush=True)
+        del generator
+        gc.collect()
+    for layout in ("step", "trajectory"):
+        figures[f"vllm_over_hf_{layout}"] = figures[f"vllm_{layout}"]["turns_per_s"] / figures[f"hf_{layout}"]["turns_per_s"]
+    return figures
+
+
 def warm_start_run(config: Path, episodes: int, out: str, overrides: list[str]) -> dict:
     """The recipe's run up to RL, as ``envhub train`` makes it: held-out greedy success of the model
     as loaded (zero-shot, with the recipe's prompt), the warm start and its wall time, held-out
     success after it, and the reference policies on the same seeds."""
     from envhub_trl.lora import fold_adapter
     from envhub_trl.models import load_model_and_tokenizer
-    from envhub_trl.train_command import _evaluate, _references, load_config_file, split_warm_start
+    from envhub_trl.train_command import _evaluate, _references
 
-    values = load_config_file(str(config), overrides)
-    warm_start = split_warm_start(values, str(config))
-    lora = LoraSettings.from_mapping(values.pop("lora", None))
-    args = EnvGRPOConfig(**{**values, "output_dir": out, "report_to": "none", "eval_episodes": episodes, "use_cpu": True})
+    args, warm_start, lora = recipe_config(config, overrides, out, eval_episodes=episodes)
     entry = args.env_entries()[0]
     model, tokenizer = load_model_and_tokenizer(SMOLLM2, [entry.env_id], args.seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
@@ -222,6 +278,8 @@ def main() -> None:
     parser.add_argument("--reply-tokens", type=int, default=32, help="Longest reply in training (max_turn_tokens).")
     parser.add_argument("--lora-r", type=int, default=16, help="Rank of the LoRA adapter timed against training every weight.")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="What to measure.")
+    parser.add_argument("--generation-episodes", type=int, default=64, help="Episodes of each --parts generation rollout.")
+    parser.add_argument("--policy", help="The model folder --parts generation plays (a run's OUT/final; default: SmolLM2 as shipped).")
     parser.add_argument("--held-out", type=int, default=256, help="Held-out episodes of the warm-start part.")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="The config file whose warm start --parts warm-start runs, and that --parts recipe runs.")
     parser.add_argument("--run-dir", type=Path, default=Path("bench/results/smollm2-recipe"), help="Output folder of --parts recipe's run.")
@@ -244,6 +302,10 @@ def main() -> None:
             figures["train_step_s_vllm"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out))
             figures["train_step_s_vllm_lora"] = statistics.median(step_seconds(path, "vllm", args.steps, args.reply_tokens, out, lora))
         figures["train_config"] = {"env_id": TRAIN_ENV, "groups": 2, "group_size": 4, "max_turns": 4, "max_turn_tokens": args.reply_tokens}
+    if "generation" in args.parts:
+        with tempfile.TemporaryDirectory() as out:
+            figures["generation"] = generation_rates(args.policy or path, args.generation_episodes, out)
+        figures["generation"]["policy"] = args.policy or path
     if "warm-start" in args.parts:
         with tempfile.TemporaryDirectory() as out:
             figures["warm_start_run"] = warm_start_run(args.recipe.resolve(), args.held_out, out, args.overrides)
