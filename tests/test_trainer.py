@@ -924,7 +924,7 @@ def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
     config.write_text(
         "max_turns: 6\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 1\n"
         "max_turn_tokens: 6\neval_episodes: 6\neval_seed_offset: 2000000000\neval_max_invalid_streak: 2\n"
-        "save_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\n"
+        "save_strategy: 'no'\nlogging_steps: 1\ndisable_tqdm: true\nsample_layout: step\n"
     )
     out = tmp_path / "out"
     trained = CliRunner().invoke(cli, ["train", "--env", LAKE, "--config", str(config), "--output-dir", str(out), "--warm-start-steps", "3"])
@@ -936,11 +936,13 @@ def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
     from envhub_trl import commands
 
     played = []
-    monkeypatch.setattr(commands, "rollout", lambda *a, seeds, **kw: played.append(seeds) or rollout(*a, seeds=seeds, **kw))
+    monkeypatch.setattr(commands, "rollout", lambda manager, *a, seeds, **kw: played.append((seeds, manager.layout)) or rollout(manager, *a, seeds=seeds, **kw))
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(out / "final"), "--json", "--no-references"])
     assert result.exit_code == 0, result.output
     assert "the run's held-out seeds: 6 from 2000000000" in result.stderr
-    assert played == [list(range(2_000_000_000, 2_000_000_006))]
+    # the run's prompts: one turn a sample (a step-layout policy shown the whole episode lost 23 points)
+    assert TrainedOn.load(out / "final").layout == "step"
+    assert played == [(list(range(2_000_000_000, 2_000_000_006)), "step")]
     again = json.loads(result.stdout.strip().splitlines()[-1])
     assert again["episodes"] == 6
     assert {k: again[k] for k in ("success_rate", "invalid_action_rate", "mean_turns")} == {
@@ -953,8 +955,9 @@ def test_trained_on_keeps_the_held_out_evaluation_and_refuses_a_bad_one(tmp_path
     from envhub.prompts import SETTINGS_FILE, SettingsError, TrainedOn
 
     held_out = {"seed_offset": 7, "episodes": 3, "max_invalid_streak": None, "generator": "vllm"}
-    TrainedOn(env_id=LAKE, held_out=held_out).save(tmp_path)
+    TrainedOn(env_id=LAKE, held_out=held_out, layout="step").save(tmp_path)
     assert TrainedOn.load(tmp_path).held_out == held_out
+    assert TrainedOn.load(tmp_path).layout == "step"
     body = json.loads((tmp_path / SETTINGS_FILE).read_text())
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({**body, "held_out": {"seed_offset": 7}}))
     with pytest.raises(SettingsError, match="held_out must map exactly"):

@@ -411,6 +411,7 @@ class EnvGRPOConfig(GRPOConfig):
                 "seed_offset": self.eval_seed_offset, "episodes": self.eval_episodes,
                 "max_invalid_streak": self.eval_max_invalid_streak, "generator": self.generator,
             },
+            layout=self.sample_layout,
         )
 
     def estimator_settings(self) -> EstimatorSettings:
