@@ -43,6 +43,8 @@ class Player:
             tokenizer the budget is dropped: it counts tokens.
         env_kwargs: the env settings it trained with (``envhub run`` makes the env with them).
         max_turns: the turn limit it trained with.
+        layout: the sample layout it trained in (``"step"``: one turn a prompt; ``"trajectory"``:
+            the episode so far), so a model sees prompts built as in training.
     """
 
     generator: Generator
@@ -51,6 +53,7 @@ class Player:
     prompt: PromptSettings = field(default_factory=lambda: BARE_PROMPT)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_turns: int | None = None
+    layout: str = "trajectory"
 
     @property
     def stopped(self) -> bool:
@@ -64,7 +67,7 @@ class Player:
         """
         return EnvGroupManager(
             env_id, 1, 1, max_turns=max_turns or self.max_turns, env_kwargs={**self.env_kwargs, **(env_kwargs or {})},
-            tokenizer=self.tokenizer, executor=InProcessExecutor(),
+            tokenizer=self.tokenizer, executor=InProcessExecutor(), layout=self.layout,
             prompt=self.prompt if self.tokenizer is not None else self.prompt.without_budget(),
         )
 

@@ -902,6 +902,12 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     from envhub_trl.policy import load_model_player
 
     assert load_model_player(str(tmp_path / "final"), LAKE).sampling.max_new_tokens == 8  # envhub run --policy PATH too
+    assert load_model_player(str(tmp_path / "final"), LAKE).manager(LAKE).layout == trained.layout == "trajectory"
+    from envhub.prompts import SETTINGS_FILE
+
+    body = json.loads((tmp_path / "final" / SETTINGS_FILE).read_text())
+    (tmp_path / "final" / SETTINGS_FILE).write_text(json.dumps({**body, "layout": "step"}))
+    assert load_model_player(str(tmp_path / "final"), LAKE).manager(LAKE).layout == "step"  # a step-layout run plays one turn a prompt
     text = tokenizer.decode(seen[0][0].token_ids)
     assert "Row 1, column 1." in text and "system\nBe brief.\n\nReach the goal." in text and "Legal actions" not in text
     assert "instead of the trained" not in result.output
