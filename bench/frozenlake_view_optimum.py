@@ -73,6 +73,8 @@ def memoryless_rule(turns: int, episodes: int, offset: int = 500_000_000) -> flo
 #: Non-slippery moves as (row, column) steps; a move into the edge leaves the player in place.
 MOVES = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 HELD_OUT = 1_000_000_000
+#: A memoryless policy's move in a view the training maps never showed.
+UNSEEN_VIEW_MOVE = "Right"
 
 
 def _maps(env, seeds: range) -> list[tuple[str, ...]]:
@@ -89,10 +91,14 @@ def _view(desc: tuple[str, ...], row: int, col: int) -> tuple:
     return (row, col, *(TILE_NAMES[desc[row + dr][col + dc]] if 0 <= row + dr < size and 0 <= col + dc < size else "edge" for dr, dc in MOVES.values()))
 
 
+def _player_view(env) -> tuple:
+    return _view(env.desc, *divmod(int(env._lake.s), env.size))
+
+
 def _wins(desc: tuple[str, ...], policy: dict[tuple, str], turns: int) -> bool:
     row = col = 0
     for _ in range(turns):
-        dr, dc = MOVES[policy.get(_view(desc, row, col), "Right")]
+        dr, dc = MOVES[policy.get(_view(desc, row, col), UNSEEN_VIEW_MOVE)]
         if 0 <= row + dr < len(desc) and 0 <= col + dc < len(desc):
             row, col = row + dr, col + dc
         if desc[row][col] in "HG":
@@ -117,7 +123,7 @@ def memoryless_ceiling(turns: int, train_episodes: int, episodes: int, offset: i
         done = False
         while not done:
             action = env.expert_action()
-            moves[_view(env.desc, *divmod(int(env._lake.s), env.size))][action] += 1
+            moves[_player_view(env)][action] += 1
             *_, terminated, truncated, _ = env.step(action)
             done = terminated or truncated
     majority = {view: counts.most_common(1)[0][0] for view, counts in moves.items()}
@@ -129,7 +135,7 @@ def memoryless_ceiling(turns: int, train_episodes: int, episodes: int, offset: i
         env.reset(seed=seed)
         done, info = False, {}
         while not done:
-            *_, terminated, truncated, info = env.step(majority[_view(env.desc, *divmod(int(env._lake.s), env.size))])
+            *_, terminated, truncated, info = env.step(majority.get(_player_view(env), UNSEEN_VIEW_MOVE))
             done = terminated or truncated
         through_env += bool(info.get("success"))
     best, score = dict(majority), _success(train, majority, turns)

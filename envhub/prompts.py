@@ -164,7 +164,8 @@ class TrainedOn:
             ``max_invalid_streak`` (a model's episode ends after that many invalid replies in a
             row; None: at its turn limit) and ``generator`` (the backend that sampled); None when unknown.
         layout: the sample layout its prompts were built in (``"trajectory"``: the episode so far;
-            ``"step"``: one turn with ``history_turns`` before it); None when unknown (trajectory).
+            ``"step"``: one turn with ``history_turns`` before it); a folder that does not say was
+            trained in the trajectory layout, the only one before ``step``.
     """
 
     prompt: PromptSettings = field(default_factory=PromptSettings)
@@ -174,7 +175,7 @@ class TrainedOn:
     envs: dict[str, dict[str, Any]] = field(default_factory=dict)
     max_reply_tokens: int | None = None
     held_out: dict[str, Any] | None = None
-    layout: str | None = None
+    layout: str = "trajectory"
 
     def save(self, folder: str | Path) -> Path:
         """Write ``envhub.json`` into ``folder`` and return its path."""
@@ -189,8 +190,7 @@ class TrainedOn:
             body["max_reply_tokens"] = self.max_reply_tokens
         if self.held_out is not None:
             body["held_out"] = dict(self.held_out)
-        if self.layout is not None:
-            body["layout"] = self.layout
+        body["layout"] = self.layout
         path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
         return path
 
@@ -216,7 +216,7 @@ class TrainedOn:
                 envs=envs,
                 max_reply_tokens=None if body.get("max_reply_tokens") is None else int(body["max_reply_tokens"]),
                 held_out=_held_out(body.get("held_out")),
-                layout=None if body.get("layout") is None else str(body["layout"]),
+                layout=str(body.get("layout") or "trajectory"),
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc

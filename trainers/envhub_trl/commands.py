@@ -91,7 +91,7 @@ def eval_command(
             raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
         manager = EnvGroupManager(
             env_id, episodes, 1, seed=base_seed, max_turns=max_turns, env_kwargs=env_kwargs,
-            tokenizer=generator.tokenizer, prompt=prompt, max_invalid_streak=streak, layout=trained.layout or "trajectory",
+            tokenizer=generator.tokenizer, prompt=prompt, max_invalid_streak=streak, layout=trained.layout,
         )
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=base_seed)
         with progress_bar("episodes", episodes) as bar:

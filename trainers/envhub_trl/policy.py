@@ -24,4 +24,4 @@ def load_model_player(name: str, env_id: str | None = None, seed: int | None = N
     prompt, env_kwargs, max_turns = trained.for_env(env_id) if env_id else (trained.prompt, {}, None)
     generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
     sampling = SamplingParams(max_new_tokens=trained.max_reply_tokens or SamplingParams.max_new_tokens, temperature=0.0, seed=seed)
-    return Player(generator, generator.tokenizer, sampling, prompt, env_kwargs, max_turns, layout=trained.layout or "trajectory")
+    return Player(generator, generator.tokenizer, sampling, prompt, env_kwargs, max_turns, layout=trained.layout)
