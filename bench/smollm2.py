@@ -209,7 +209,9 @@ def warm_start_run(config: Path, episodes: int, out: str, overrides: list[str]) 
     figures = {"recipe": str(config), "overrides": overrides, "warm_start": warm_start.describe(), "held_out_episodes": episodes}
     figures["zero_shot"] = _evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
     start = time.perf_counter()
-    warm_start.run_on(model, tokenizer, [(entry.env_id, args.manager_kwargs_for(entry))], args.seed, reply_tokens=args.max_turn_tokens)
+    warm_start.run_on(
+        model, tokenizer, [(entry.env_id, args.manager_kwargs_for(entry))], args.seed, reply_tokens=args.max_turn_tokens, bf16=bool(args.bf16)
+    )
     figures["warm_start_seconds"] = time.perf_counter() - start
     fold_adapter(trainer.accelerator.unwrap_model(trainer.model))
     trainer.weights_changed()

@@ -46,7 +46,7 @@ def warm_start_success(values: dict, warm_start: WarmStart, seed: int, episodes:
     settings = args.manager_kwargs_for(entry)
     started = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer("tiny", [entry.env_id], seed, kwargs_by_env={entry.env_id: entry.env_kwargs}, tiny=tiny)
-    losses = warm_start.run_on(model, tokenizer, [(entry.env_id, settings)], seed, reply_tokens=args.max_turn_tokens)
+    losses = warm_start.run_on(model, tokenizer, [(entry.env_id, settings)], seed, reply_tokens=args.max_turn_tokens, bf16=bool(args.bf16))
     trained = time.perf_counter()
     sampling = SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=0.0, seed=seed)
     seeds = list(range(VALIDATION_OFFSET, VALIDATION_OFFSET + episodes))

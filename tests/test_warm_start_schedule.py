@@ -77,3 +77,31 @@ def test_the_cli_flag_overrides_the_configs_schedule_and_refuses_unknown_ones():
     assert split_warm_start(values, None, {"lr_schedule": "cosine"}).lr_schedule == "cosine" and "warm_start" not in values
     result = CliRunner().invoke(train_command, ["--output-dir", "unused", "--warm-start-schedule", "step"])
     assert result.exit_code == 2 and "'step' is not one of 'constant', 'linear', 'cosine'" in result.output
+
+
+class _Linear(torch.nn.Module):
+    """One linear layer; the loss is its output's mean square, and each forward records the dtype
+    its matrix product ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, input_ids, attention_mask, labels):
+        out = self.layer(torch.ones(2, 4))
+        self.dtypes.append(out.dtype)
+        return type("Output", (), {"loss": out.float().pow(2).mean()})()
+
+
+def test_a_bf16_run_warms_up_in_mixed_precision_and_keeps_fp32_weights():
+    """bf16 (the run's precision, as envhub train passes it) autocasts the forward pass; the weights
+    the optimizer updates stay fp32, and without it the warm start computes in fp32."""
+    sample = Sample(prompt_ids=[1, 2], completion_ids=[3], env_mask=[1], logprobs=[0.0], turn_ids=[0], group_id=0, trajectory_index=0)
+    mixed, plain = _Linear(), _Linear()
+    before = mixed.layer.weight.detach().clone()
+    losses = supervised_steps(mixed, [sample], 3, learning_rate=0.1, bf16=True)
+    supervised_steps(plain, [sample], 1, learning_rate=0.1)
+    assert mixed.dtypes == [torch.bfloat16] * 3 and plain.dtypes == [torch.float32]
+    assert mixed.layer.weight.dtype == torch.float32 and not torch.equal(mixed.layer.weight, before)
+    assert losses[-1] < losses[0]

@@ -282,7 +282,7 @@ def run_training(
                 begun = time.perf_counter()
                 warm_start.run_on(
                     model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
-                    reply_tokens=args.max_turn_tokens, on_round=_dagger_progress,
+                    reply_tokens=args.max_turn_tokens, on_round=_dagger_progress, bf16=bool(args.bf16),
                 )
                 phase_seconds["warm_start"] = time.perf_counter() - begun
                 fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start

@@ -7,6 +7,7 @@ only (``env_mask`` 1), as in the RL phase.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
@@ -119,13 +120,16 @@ def supervised_steps(
     lr_schedule: str = "constant",
     warmup_steps: int = 0,
     max_grad_norm: float = 0.0,
+    bf16: bool = False,
 ) -> list[float]:
     """Train ``model`` for ``steps`` AdamW steps of cross-entropy on the samples' reply tokens.
 
     Each step draws ``batch_size`` samples at random (from ``seed``). ``optimizer`` continues an
     earlier call's (None: a fresh AdamW at ``learning_rate``). The learning rate of step ``i``
     is ``learning_rate * lr_factor(i, steps, lr_schedule, warmup_steps)``; ``max_grad_norm > 0``
-    clips the gradient's norm. Returns each step's loss.
+    clips the gradient's norm. ``bf16`` runs the forward pass under bf16 autocast (mixed
+    precision, the weights and the optimizer's state staying as they are), as the RL phase does
+    with the trainer's ``bf16``. Returns each step's loss.
     """
     if not samples:
         raise ValueError("no samples to learn from")
@@ -148,7 +152,8 @@ def supervised_steps(
             attention[row, : len(tokens)] = 1
             mask = torch.tensor([0] * len(s.prompt_ids) + list(s.env_mask), dtype=torch.bool)
             labels[row, : len(tokens)] = torch.where(mask, tokens, torch.tensor(-100))
-        loss = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device)).loss
+        with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = model(input_ids=ids.to(device), attention_mask=attention.to(device), labels=labels.to(device)).loss
         optimizer.zero_grad()
         loss.backward()
         if max_grad_norm > 0:
@@ -274,12 +279,14 @@ class WarmStart:
         return cls(**converted)
 
     def run(
-        self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, reply_tokens: int = 64, **manager_kwargs: Any
+        self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, reply_tokens: int = 64, bf16: bool = False,
+        **manager_kwargs: Any,
     ) -> list[float]:
         """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
         returns each step's loss (empty when it is not :attr:`active`). ``reply_tokens`` bounds the model's
-        replies when it plays (DAgger rounds): the run's ``max_turn_tokens``."""
-        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed, reply_tokens)
+        replies when it plays (DAgger rounds): the run's ``max_turn_tokens``. ``bf16``: the run's
+        mixed precision (:func:`supervised_steps`)."""
+        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed, reply_tokens, bf16=bf16)
 
     def run_on(
         self,
@@ -289,6 +296,7 @@ class WarmStart:
         seed: int = 0,
         reply_tokens: int = 64,
         on_round: Any = None,
+        bf16: bool = False,
     ) -> list[float]:
         """:meth:`run` on a mix: ``episodes`` demonstrator episodes of each ``(env_id,
         manager_kwargs)``, rendered with that env's settings, drawn from in one pool; each DAgger
@@ -304,7 +312,7 @@ class WarmStart:
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
         train = dict(
             batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=self.learning_rate,
-            lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm,
+            lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm, bf16=bf16,
         )
         losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
         if self.dagger_rounds:
