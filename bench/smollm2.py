@@ -27,8 +27,9 @@ Q4_1 GGUF file, dequantised once to a float32 checkpoint in the envhub cache.
   episode so far in the prompt, where re-encoding grows with every turn). ``--policy`` plays a
   trained folder (``OUT/final``), so that episodes run as long as a learning policy's do.
 - Supervised (warm-start) step: one AdamW step of cross-entropy on 16 expert samples of
-  FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA; the median
-  over ``--steps`` steps.
+  FrozenLake with the demo's prompt (:data:`SFT_PROMPT`), every weight against LoRA, and LoRA in
+  bf16 mixed precision (a run's ``bf16=true``; on CPUs with AMX or AVX512-BF16 it pays); the
+  median over ``--steps`` steps.
 
     python bench/smollm2.py [--parts zero-shot sft rl generation warm-start recipe] [--episodes 32] [--held-out 256]
         [--recipe FILE] [--run-dir DIR] [--reuse] [--set KEY=VALUE ...] [--max-new-tokens 64] [--steps 2] [--lora-r 16]
@@ -99,8 +100,9 @@ def zero_shot(path: str, episodes: int, max_new_tokens: int) -> dict[str, dict[s
     return out
 
 
-def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None) -> list[float]:
-    """Seconds per warm-start step (batch of 16 expert samples, step layout) after one untimed step."""
+def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None, bf16: bool = False) -> list[float]:
+    """Seconds per warm-start step (batch of 16 expert samples, step layout) after one untimed step;
+    ``bf16``: in mixed precision, as a run with ``bf16=true`` warms up."""
     import peft
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -113,9 +115,11 @@ def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None) -> list[f
     times = []
     for step in range(steps + 1):
         start = time.perf_counter()
-        supervised_steps(model, samples, 1, seed=step, batch_size=16, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=1e-5)
+        supervised_steps(
+            model, samples, 1, seed=step, batch_size=16, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=1e-5, bf16=bf16
+        )
         times.append(time.perf_counter() - start)
-    label = f"LoRA r={lora.r}" if lora is not None else "every weight"
+    label = (f"LoRA r={lora.r}" if lora is not None else "every weight") + (", bf16 autocast" if bf16 else "")
     print(f"supervised step ({tokens:.0f} tokens a sample), {label}: {', '.join(f'{t:.1f}' for t in times[1:])} s", flush=True)
     del model, optimizer
     gc.collect()
@@ -299,6 +303,7 @@ def main() -> None:
     if "sft" in args.parts:
         figures["sft_step_s_full"] = statistics.median(sft_step_seconds(path, args.steps, None))
         figures["sft_step_s_lora"] = statistics.median(sft_step_seconds(path, args.steps, lora))
+        figures["sft_step_s_lora_bf16"] = statistics.median(sft_step_seconds(path, args.steps, lora, bf16=True))
     if "rl" in args.parts:
         with tempfile.TemporaryDirectory() as out:
             figures["train_step_s_hf"] = statistics.median(step_seconds(path, "hf", args.steps, args.reply_tokens, out))
@@ -317,7 +322,7 @@ def main() -> None:
     figures.update({"steps_timed_each": args.steps, "lora": lora.record()})
     for env_id, metrics in figures.get("zero_shot", {}).items():
         print(f"{'zero-shot success ' + env_id:<56} {metrics['success_rate']:.1%}")
-    for key in ("sft_step_s_full", "sft_step_s_lora", "train_step_s_hf", "train_step_s_vllm", "train_step_s_vllm_lora"):
+    for key in ("sft_step_s_full", "sft_step_s_lora", "sft_step_s_lora_bf16", "train_step_s_hf", "train_step_s_vllm", "train_step_s_vllm_lora"):
         if key in figures:
             print(f"{key:<56} {figures[key]:.1f}")
     results = Path(__file__).parent / "results"
