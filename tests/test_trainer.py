@@ -793,6 +793,28 @@ def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp
     assert len(losses) == 30 and losses[-1] < losses[0]
 
 
+def test_a_random_demonstrator_is_imitated_in_full_and_teaches_the_format_only(tmp_path):
+    """warm_start.demonstrator: random: a uniformly random legal mover, seeded, every move imitated
+    (no expert is consulted), so a warm start on it learns the reply format and nothing of the task."""
+    from envhub.generation import RandomGenerator
+    from envhub_trl.tiny import build_tokenizer, environment_corpus
+    from envhub_trl.warm_start import WarmStart, expert_samples
+
+    tokenizer = build_tokenizer(environment_corpus([LAKE]))
+    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
+    samples = expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random", **manager_kwargs)
+    played = rollout(EnvGroupManager(LAKE, 16, 1, tokenizer=tokenizer, **manager_kwargs), RandomGenerator(5, tokenizer), seeds=list(range(16)))
+    # Every reply of the random mover's episodes is imitated, and they are its moves, not the expert's.
+    assert [sum(s.env_mask) for s in samples] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
+    moves = [turn.action for t in played for turn in t.turns]
+    assert len(set(moves)) == 4
+    assert samples == expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random", **manager_kwargs)  # seeded
+    warm = WarmStart.from_mapping({"demonstrator": "random", "steps": 2, "episodes": 16})
+    assert warm.demonstrator == "random" and "random-mover (format-only) episodes" in warm.describe()
+    with pytest.raises(ValueError, match="demonstrator must be one of"):
+        WarmStart.from_mapping({"demonstrator": "oracle"})
+
+
 def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp_path):
     """On-policy relabelling: the student (here a random player) plays, and each prompt it answered
     becomes a sample of that exact context with the expert's reply, token for token as a

@@ -16,29 +16,49 @@ from typing import Any
 import numpy as np
 import torch
 
-from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, SamplingParams
+from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import Sample, Trajectory, rollout, to_samples
 
 
-def expert_samples(
-    tokenizer: Any, env_id: str, seeds: Sequence[int], epsilon: float = 0.0, seed: int = 0, **manager_kwargs: Any
-) -> list[Sample]:
-    """The expert's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
+#: Whose moves a warm start imitates: the env's oracle, or a uniformly random legal mover (a
+#: format-only start: the reply format is learnt, nothing of the task).
+DEMONSTRATORS = ("expert", "random")
 
-    With ``epsilon`` the demonstrator takes a uniformly random legal move that often (noise seeded
-    with ``seed``). Those moves are played but not imitated (their tokens get ``env_mask`` 0, as
-    in DART, Laskey et al. 2017): the samples show states off the expert's path, such as dead ends,
-    each labelled with the expert's move out of it.
+
+def expert_samples(
+    tokenizer: Any,
+    env_id: str,
+    seeds: Sequence[int],
+    epsilon: float = 0.0,
+    seed: int = 0,
+    demonstrator: str = "expert",
+    **manager_kwargs: Any,
+) -> list[Sample]:
+    """The demonstrator's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
+
+    ``demonstrator="expert"``: the env's oracle. With ``epsilon`` it takes a uniformly random legal
+    move that often (noise seeded with ``seed``). Those moves are played but not imitated (their
+    tokens get ``env_mask`` 0, as in DART, Laskey et al. 2017): the samples show states off the
+    expert's path, such as dead ends, each labelled with the expert's move out of it.
+
+    ``demonstrator="random"``: a uniformly random legal mover (seeded with ``seed``), every move
+    imitated. The samples teach the reply format and nothing of the task, the fair start for RL
+    alone (an instruct model knows the format, not the task); ``epsilon`` does not apply.
     """
+    if demonstrator not in DEMONSTRATORS:
+        raise ValueError(f"unknown demonstrator {demonstrator!r}; choose one of {list(DEMONSTRATORS)}")
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
-    expert = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
+    if demonstrator == "random":
+        player: Generator = RandomGenerator(seed=seed, tokenizer=tokenizer)
+    else:
+        player = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
     with manager:
-        trajectories = rollout(manager, expert, SamplingParams(), seeds=list(seeds))
+        trajectories = rollout(manager, player, SamplingParams(), seeds=list(seeds))
     samples = []
     for sample in to_samples(trajectories):
         turns = trajectories[sample.trajectory_index].turns
-        imitated = [turn.action == turn.expert_action for turn in turns]
+        imitated = [demonstrator == "random" or turn.action == turn.expert_action for turn in turns]
         mask = [int(m and imitated[turn]) for m, turn in zip(sample.env_mask, sample.turn_ids)]
         if any(mask):
             samples.append(dataclasses.replace(sample, env_mask=mask))
@@ -183,10 +203,13 @@ def lr_factor(step: int, steps: int, schedule: str = "constant", warmup_steps: i
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-    """Supervised steps on the expert's episodes before RL: the ``warm_start`` mapping of an
+    """Supervised steps on a demonstrator's episodes before RL: the ``warm_start`` mapping of an
     ``envhub train`` config file (``envhub train --warm-start-*`` flags override its keys).
 
     Attributes:
+        demonstrator: ``expert`` (the env's oracle) or ``random`` (a uniformly random legal mover,
+            every move imitated: a format-only start, from which RL alone must learn the task;
+            :func:`expert_samples`). DAgger rounds always label with the expert.
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
         learning_rate: the AdamW learning rate. At 1e-3 the tiny model fitted the moves to the
@@ -218,6 +241,7 @@ class WarmStart:
         max_grad_norm: clip the gradient's norm to this (0: no clipping).
     """
 
+    demonstrator: str = "expert"
     steps: int = 0
     episodes: int = 512
     learning_rate: float = 3e-4
@@ -232,6 +256,8 @@ class WarmStart:
     max_grad_norm: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.demonstrator not in DEMONSTRATORS:
+            raise ValueError(f"warm_start.demonstrator must be one of {list(DEMONSTRATORS)}, got {self.demonstrator!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"warm_start.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         kinds = {f.name: int if f.type in ("int", int) else float for f in dataclasses.fields(self) if f.type not in ("str", str)}
@@ -270,7 +296,7 @@ class WarmStart:
             raise ValueError(f"unknown warm_start keys {unknown}; known: {sorted(known)}")
         converted = {}
         for key, value in values.items():
-            if isinstance(value, str) and key != "lr_schedule":
+            if isinstance(value, str) and key not in ("lr_schedule", "demonstrator"):
                 try:
                     value = float(value)
                 except ValueError:
@@ -307,7 +333,9 @@ class WarmStart:
         samples = [
             sample
             for env_id, manager_kwargs in envs
-            for sample in expert_samples(tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, **manager_kwargs)
+            for sample in expert_samples(
+                tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator, **manager_kwargs
+            )
         ]
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
         train = dict(
@@ -349,5 +377,6 @@ class WarmStart:
             else ""
         )
         steps = f"{self.steps} supervised step{'' if self.steps == 1 else 's'}"
-        episodes = f"{self.episodes} expert episode{'' if self.episodes == 1 else 's'}"
+        who = "expert" if self.demonstrator == "expert" else "random-mover (format-only)"
+        episodes = f"{self.episodes} {who} episode{'' if self.episodes == 1 else 's'}"
         return f"{steps}{schedule} on {episodes}{noise}{dagger}"
