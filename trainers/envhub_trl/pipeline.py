@@ -36,6 +36,7 @@ from envhub.rollout import RolloutStats, rollout
 from envhub.trajectory import Sample, Trajectory, batch_columns
 from envhub_trl.advantages import select_groups
 from envhub_trl.critic import turn_starts, value_positions
+from envhub_trl.diagnostics import learning_signal
 from envhub_trl.estimators import EstimatorSettings, TurnBatch
 from envhub_trl.metrics import rollout_metrics
 from envhub_trl.rollout_batch import (
@@ -280,6 +281,11 @@ def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
         out["critic/values_mean"] = float(np.mean(batch.turns.values))
         out["critic/returns_mean"] = float(np.mean(result["returns"]))
     return out
+
+
+def signal_metrics(batch: GenerationBatch, gamma: float = 0.95) -> dict[str, float]:
+    """The batch's ``diag/`` metrics: why a run learns or stalls (:func:`~envhub_trl.diagnostics.learning_signal`)."""
+    return learning_signal(batch.episodes, batch.estimate.get("advantages"), gamma)
 
 
 def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:

@@ -277,6 +277,7 @@ class EnvGRPOTrainer(TRLBridge):
             output["turn_ids"] = torch.tensor(pipeline.turn_id_matrix(batch, width), device=device)
         self.log_row_advantages(pipeline.row_advantage_means(batch))
         self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
+        self.log_metrics(mode, pipeline.signal_metrics(batch, args.step_reward_gamma))
         if self.curriculum is not None and mode == "train":
             metrics, advanced = self.curriculum.batch_played(batch.episodes, self.state.global_step)
             self.log_metrics(mode, metrics)
