@@ -262,16 +262,37 @@ def to_samples(trajectories: Sequence[Trajectory]) -> list[Sample]:
     return samples
 
 
+def context_keys(trajectory: Trajectory) -> list[str]:
+    """Per turn, a key of everything the policy was shown before its reply: equal keys, equal inputs.
+
+    In the step layout with token ids, the windowed prompt's ids (the system message, the history
+    window and the observation); otherwise the system message and every message and reply of the
+    episode up to this turn's message (the trajectory layout's context). A baseline that depends on
+    this key alone keeps the policy gradient unbiased, since the reply cannot change it.
+    """
+    keys, seen = [], [trajectory.system]
+    for turn in trajectory.turns:
+        if trajectory.layout == "step" and turn.input_ids:
+            keys.append("ids:" + ",".join(map(str, turn.input_ids)))
+        else:
+            seen.append(repr(turn.messages))
+            keys.append("\x1f".join(seen))
+        seen.append(turn.reply)
+    return keys
+
+
 def step_arrays(trajectories: Sequence[Trajectory]) -> dict[str, np.ndarray]:
     """The batch as flat per-step arrays, the inputs of the GRPO/GiGPO estimators.
 
     Returns:
         ``rewards``, ``traj_index`` (0..n_traj-1, the position in ``trajectories``),
-        ``step_index`` (the turn), ``state_keys`` (the state each reply was made in), one entry
-        per turn of every episode; ``traj_groups`` and ``returns``, one entry per episode.
+        ``step_index`` (the turn), ``state_keys`` (the state each reply was made in),
+        ``context_keys`` (what the policy was shown before the reply, :func:`context_keys`), one
+        entry per turn of every episode; ``traj_groups`` and ``returns``, one entry per episode.
     """
     turns = [(i, turn) for i, t in enumerate(trajectories) for turn in t.turns]
     return {
+        "context_keys": np.array([key for t in trajectories for key in context_keys(t)], dtype=object),
         "rewards": np.array([turn.reward for _, turn in turns], dtype=float),
         "traj_index": np.array([i for i, _ in turns], dtype=np.int64),
         "step_index": np.array([turn.index for _, turn in turns], dtype=np.int64),

@@ -131,3 +131,44 @@ def test_gigpo_anchor_groups_span_members_and_turns_of_one_group():
     np.testing.assert_allclose(out["step"], [1 / 3, 0, 1 / 3, -2 / 3])
     np.testing.assert_array_equal(out["anchor_size"], [3, 1, 3, 3])
     np.testing.assert_allclose(out["episode"], [0.5, -0.5])
+
+
+def test_relative_norm_divides_by_the_groups_mean_floored():
+    # Group 0: success rate 1/4: the success gets (1 - 1/4) / (1/4) = 3, each failure -1; the
+    # same ranks and spacing as mean_std, another scale. Group 1 never succeeds (mean 0): /floor.
+    # Group 2 all succeed: tied, 0.
+    values = np.array([1.0, 0.0, 0.0, 0.0, 0.0, -0.1, 1.0, 1.0])
+    groups = np.array([0, 0, 0, 0, 1, 1, 2, 2])
+    out = group_normalize(values, groups, norm="relative", floor=0.1)
+    np.testing.assert_allclose(out, [3.0, -1.0, -1.0, -1.0, 0.5, -0.5, 0.0, 0.0])
+    std = group_normalize(values[:4], groups[:4])
+    np.testing.assert_allclose(out[:4] / out[0], std / std[0])
+
+
+def test_relative_norm_makes_the_expected_policy_gradient_that_of_log_success():
+    """A bandit with success iff the action is ``a*``: sum_a pi(a) A(a) grad log pi(a) is grad log pi(a*)
+    with (r - p) / p (p = pi(a*)), and p / sqrt(p (1 - p)) times it with mean_std."""
+    pi = np.array([0.7, 0.2, 0.1])  # a* = 2, a rare right move
+    logits_grad = np.eye(3) - pi  # d log pi(a) / d logits, row a
+    p = pi[2]
+    for norm, factor in (("relative", 1.0), ("mean_std", p / np.sqrt(p * (1 - p)))):
+        # The population normalisation of a large group sampled from pi.
+        rewards = np.array([0.0, 0.0, 1.0])
+        mean = p
+        advantage = (rewards - mean) / (mean if norm == "relative" else np.sqrt(p * (1 - p)))
+        expected = (pi[:, None] * advantage[:, None] * logits_grad).sum(axis=0)
+        np.testing.assert_allclose(expected, factor * logits_grad[2], atol=1e-12)
+
+
+def test_gigpo_anchor_groups_override_the_env_groups():
+    # Two env groups visit state "v" (as a memoryless policy's input, equal across maps): with
+    # one anchor set over the batch they anchor together.
+    rewards = np.array([1.0, 0.0, 0.0, 0.0])
+    traj, step = np.array([0, 1, 2, 3]), np.zeros(4, dtype=int)
+    groups = np.array([0, 0, 1, 1])
+    keys = np.array(["v", "v", "v", "v"], dtype=object)
+    apart = gigpo_advantages(rewards, traj, step, groups, keys, norm="mean")
+    together = gigpo_advantages(rewards, traj, step, groups, keys, norm="mean", anchor_groups=np.zeros(4, dtype=int))
+    np.testing.assert_allclose(apart["step"], [0.5, -0.5, 0.0, 0.0])
+    np.testing.assert_allclose(together["step"], [0.75, -0.25, -0.25, -0.25])
+    assert list(together["anchor_size"]) == [4, 4, 4, 4]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -144,3 +146,36 @@ def test_ppo_whitens_gae_advantages_and_targets_the_critic_at_advantage_plus_val
     raw = np.array([0.8, 0.4, 0.4])
     np.testing.assert_allclose(out["returns"], [1.0, 1.0, 0.5])
     np.testing.assert_allclose(out["advantages"], (raw - raw.mean()) / (raw.std() + 1e-8))
+
+
+def test_gigpo_context_anchors_pool_the_same_policy_input_across_env_groups():
+    # Episodes 0, 1 in group 0 and 2, 3 in group 1; every first turn was made from input "o".
+    base = batch([1.0, 0.0, 0.0, 0.0], [0, 1, 2, 3], [0, 0, 0, 0], [0, 0, 1, 1], keys=["s0", "s0", "t0", "t0"])
+    with_context = dataclasses.replace(base, context_keys=np.array(["o"] * 4, dtype=object))
+    settings = EstimatorSettings(episode_reward_weight=0.0, norm="mean")
+    state = estimate("gigpo", with_context, settings)
+    context = estimate("gigpo", with_context, dataclasses.replace(settings, step_anchor="context"))
+    np.testing.assert_allclose(state["advantages"], [0.5, -0.5, 0.0, 0.0])
+    np.testing.assert_allclose(context["advantages"], [0.75, -0.25, -0.25, -0.25])
+    with pytest.raises(ValueError, match="context_keys"):
+        estimate("gigpo", base, dataclasses.replace(settings, step_anchor="context"))
+    with pytest.raises(ValueError, match="step_anchor"):
+        EnvGRPOConfig(output_dir="/tmp/x", step_anchor="view")
+
+
+def test_a_turn_batch_keys_each_turn_by_what_the_policy_was_shown():
+    from envhub.trajectory import Trajectory, Turn, context_keys
+
+    def turn(k, user, ids=()):
+        return Turn(index=k, user=user, observation=user, reply="r", action="a", reward=0.0, env_reward=0.0, action_is_valid=True,
+                    format_valid=True, state_key=f"s{k}", next_state_key="", input_ids=ids)
+
+    # Step layout: the windowed prompt's ids, so equal prompts in two episodes share a key.
+    one = Trajectory(env_id="e", group_id=0, member=0, seed=0, index=0, layout="step", turns=[turn(0, "x", (1, 2)), turn(1, "y", (1, 3))])
+    two = Trajectory(env_id="e", group_id=1, member=0, seed=1, index=1, layout="step", turns=[turn(0, "z", (1, 3))])
+    assert context_keys(one)[1] == context_keys(two)[0] != context_keys(one)[0]
+    # Trajectory layout: the whole conversation so far, so the same message after another history differs.
+    three = Trajectory(env_id="e", group_id=0, member=0, seed=0, index=0, turns=[turn(0, "x"), turn(1, "y")])
+    four = Trajectory(env_id="e", group_id=0, member=1, seed=0, index=1, turns=[turn(0, "w"), turn(1, "y")])
+    assert context_keys(three)[1] != context_keys(four)[1] and context_keys(three)[0] != context_keys(four)[0]
+    assert list(TurnBatch.from_trajectories([one, two]).context_keys) == context_keys(one) + context_keys(two)

@@ -21,23 +21,40 @@ from typing import Literal
 
 import numpy as np
 
-Norm = Literal["mean", "mean_std"]
+Norm = Literal["mean", "mean_std", "relative"]
+#: The smallest group mean a ``"relative"`` normalisation divides by (see :func:`group_normalize`).
+RELATIVE_FLOOR = 0.1
 
 
-def group_normalize(values: np.ndarray, groups: np.ndarray, norm: Norm = "mean_std", eps: float = 1e-6) -> np.ndarray:
-    """Return ``values`` minus their group's mean, divided by the group's std when ``mean_std``.
+def group_normalize(
+    values: np.ndarray, groups: np.ndarray, norm: Norm = "mean_std", eps: float = 1e-6, floor: float = RELATIVE_FLOOR
+) -> np.ndarray:
+    """Return ``values`` minus their group's mean, divided by the group's std when ``mean_std`` or by
+    the group's mean when ``relative``.
+
+    ``relative`` is the maximum-likelihood normalisation: with 0/1 rewards the group's mean is its
+    success rate ``p``, and ``(r - p) / p`` makes the expected policy gradient that of
+    ``log p`` (supervised learning's gradient on the successes) instead of ``p``'s. The
+    std-normalised gradient is ``p``'s over ``sqrt(p (1 - p))``, so a group (or anchor state) the
+    policy rarely solves pulls ``sqrt(p)`` times as hard as its successes deserve, and the moves
+    already likely crowd out the rare right ones: the policy learns its moves' marginal and stops
+    reading its input. Within one group ``relative`` and ``mean_std`` rank and space the members
+    alike; they weigh groups differently. The mean is floored at ``floor`` (a group that never
+    succeeds, whose mean is 0 or a format penalty's negative, is divided by ``floor``).
 
     Args:
         values: shape ``(n,)``.
         groups: shape ``(n,)``, any integer labels.
-        norm: ``"mean"`` (subtract the mean) or ``"mean_std"`` (also divide by std + eps).
+        norm: ``"mean"`` (subtract the mean), ``"mean_std"`` (also divide by std + eps) or
+            ``"relative"`` (also divide by the mean, at least ``floor``).
         eps: added to the std.
+        floor: the smallest divisor of ``relative``.
 
     Returns:
         Shape ``(n,)``; 0 for members of groups of size one.
     """
-    if norm not in ("mean", "mean_std"):
-        raise ValueError(f"norm must be 'mean' or 'mean_std', got {norm!r}")
+    if norm not in ("mean", "mean_std", "relative"):
+        raise ValueError(f"norm must be 'mean', 'mean_std' or 'relative', got {norm!r}")
     values = np.asarray(values, dtype=np.float64)
     _, labels, counts = np.unique(groups, return_inverse=True, return_counts=True)
     mean = np.bincount(labels, weights=values) / counts
@@ -46,6 +63,8 @@ def group_normalize(values: np.ndarray, groups: np.ndarray, norm: Norm = "mean_s
         sq = np.bincount(labels, weights=centred**2)
         scale = np.sqrt(sq / np.maximum(counts - 1, 1))[labels] + eps
         centred = np.divide(centred, scale, out=np.zeros_like(centred), where=scale > 0)
+    elif norm == "relative":
+        centred = centred / np.maximum(mean, floor)[labels]
     return np.where(counts[labels] > 1, centred, 0.0)
 
 
@@ -89,6 +108,7 @@ def gigpo_advantages(
     gamma: float = 0.95,
     norm: Norm = "mean_std",
     eps: float = 1e-6,
+    anchor_groups: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """GiGPO's per-step advantage: episode-level plus ``step_weight`` x step-level.
 
@@ -101,6 +121,9 @@ def gigpo_advantages(
         step_weight: ω, the weight of the step-level advantage.
         gamma: γ, the discount of the step returns.
         norm: ``"mean"`` or ``"mean_std"``, for both levels.
+        anchor_groups: shape ``(n_steps,)``, the set each step's anchor lies in: steps anchor
+            together when they share this label and their key. None: each step's env group
+            (GiGPO's: the same state in two env groups stays two anchors).
 
     Returns:
         ``advantages`` (per step), ``episode`` (per trajectory), ``step`` (per step),
@@ -112,7 +135,7 @@ def gigpo_advantages(
     returns = np.bincount(traj_index, weights=rewards, minlength=len(traj_groups))
     episode = grpo_advantages(returns, traj_groups, norm, eps)
     step_returns = discounted_returns(rewards, traj_index, step_index, gamma)
-    step_groups = traj_groups[traj_index]
+    step_groups = traj_groups[traj_index] if anchor_groups is None else np.asarray(anchor_groups)
     # An anchor is (env group, state key): the same state in two env groups stays two anchors.
     _, group_codes = np.unique(step_groups, return_inverse=True)
     _, key_codes = np.unique(np.asarray(state_keys, dtype=object).astype(str), return_inverse=True)

@@ -54,7 +54,7 @@ from typing import Any, Literal
 from trl import GRPOConfig
 
 from envhub_trl.curriculum import Curriculum
-from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, EstimatorSettings
+from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, STEP_ANCHORS, EstimatorSettings
 from envhub_trl.generators import BACKENDS
 from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
@@ -63,7 +63,7 @@ from envhub.executors import EXECUTORS
 from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
 from envhub.prompts import PROMPT_BOUNDS, PromptSettings, TrainedOn
 
-NORMS = ("mean", "mean_std")
+NORMS = ("mean", "mean_std", "relative")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
 #: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
 LAYOUTS = ("trajectory", "step")
@@ -277,6 +277,14 @@ class EnvGRPOConfig(GRPOConfig):
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
     step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
     step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
+    step_anchor: str = field(
+        default="state",
+        metadata={
+            "help": "GiGPO's step-level groups: 'state' (the turns of one env group made in the same state_key, the paper's) or "
+            "'context' (the turns of the whole batch made from the same policy input: a memoryless policy's turns from one "
+            "observation anchor together across env groups)."
+        },
+    )
     ratio_type: str = field(
         default="token",
         metadata={
@@ -420,6 +428,7 @@ class EnvGRPOConfig(GRPOConfig):
             episode_reward_weight=self.episode_reward_weight,
             step_reward_weight=self.step_reward_weight,
             step_reward_gamma=self.step_reward_gamma,
+            step_anchor=self.step_anchor,
             norm=self.advantage_norm,
             norm_scope=self.advantage_norm_scope,
             kl_coef=self.kl_coef,
@@ -524,6 +533,8 @@ class EnvGRPOConfig(GRPOConfig):
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
+        if self.step_anchor not in STEP_ANCHORS:
+            raise ValueError(f"step_anchor must be one of {STEP_ANCHORS}, got {self.step_anchor!r}")
         if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:
             raise ValueError(f"advantage_norm_scope must be one of {NORM_SCOPES} (or unset), got {self.advantage_norm_scope!r}")
         check_inherited(self)  # a TRL field envhub would ignore is refused; scale_rewards maps onto advantage_norm

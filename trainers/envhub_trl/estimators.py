@@ -43,6 +43,9 @@ class TurnBatch:
         traj_index: ``(n_turns,)``, the episode of each turn (``0 .. n_traj - 1``).
         step_index: ``(n_turns,)``, the turn's number within its episode.
         state_keys: ``(n_turns,)``, the state each reply was made in (GiGPO's anchors).
+        context_keys: ``(n_turns,)``, what the policy was shown before each reply
+            (:func:`~envhub.trajectory.context_keys`; GiGPO's anchors with ``step_anchor="context"``);
+            None for a batch built without them.
         traj_groups: ``(n_traj,)``, each episode's env group (members share an initial state).
         env_ids: ``(n_traj,)``, each episode's environment id.
         token_turn: ``(n_tokens,)``, the turn (an index into the per-turn arrays) of each model
@@ -60,6 +63,7 @@ class TurnBatch:
     state_keys: np.ndarray
     traj_groups: np.ndarray
     env_ids: np.ndarray
+    context_keys: np.ndarray | None = None
     token_turn: np.ndarray | None = None
     logps: np.ndarray | None = None
     ref_logps: np.ndarray | None = None
@@ -75,6 +79,7 @@ class TurnBatch:
             step_index=steps["step_index"],
             state_keys=steps["state_keys"],
             traj_groups=steps["traj_groups"],
+            context_keys=steps["context_keys"],
             env_ids=np.array([t.env_id for t in trajectories], dtype=object),
         )
 
@@ -102,6 +107,12 @@ class EstimatorSettings:
         step_reward_weight: the weight of the step-level advantage (GiGPO's ω).
         step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
         norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
+        step_anchor: GiGPO's step-level groups. ``"state"`` (the paper's): the turns of one env
+            group made in the same state (``state_key``). ``"context"``: the turns of the whole
+            batch made from the same policy input (:func:`~envhub.trajectory.context_keys`, one
+            env id), so a memoryless policy's turns from one observation anchor together across
+            env groups; a baseline that depends on the policy's input alone leaves the policy
+            gradient unbiased.
         norm_scope: over which episodes they are normalised: ``"group"`` (each env group),
             ``"env"`` (every group of one env id: ROLL's per-tag, AgentRL's per-task
             normalisation for multi-env runs) or ``"batch"``; None for each estimator's own
@@ -116,6 +127,7 @@ class EstimatorSettings:
     episode_reward_weight: float = 1.0
     step_reward_weight: float = 1.0
     step_reward_gamma: float = 0.95
+    step_anchor: str = "state"
     norm: Norm = "mean_std"
     norm_scope: str | None = None
     kl_coef: float = 0.01
@@ -131,6 +143,8 @@ NEEDS: dict[str, tuple[str, ...]] = {}
 SCORE_FIELDS = ("logps", "ref_logps", "values")
 #: Where advantages may be normalised (``EstimatorSettings.norm_scope``).
 NORM_SCOPES = ("group", "env", "batch")
+#: What GiGPO's step-level groups share (``EstimatorSettings.step_anchor``).
+STEP_ANCHORS = ("state", "context")
 
 
 def scope_labels(batch: TurnBatch, scope: str | None, default: str) -> np.ndarray:
@@ -191,10 +205,19 @@ def grpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]
 @register("gigpo")
 def gigpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
     """GiGPO: ``episode_reward_weight`` x the episode-level advantage plus ``step_reward_weight`` x
-    the step-level one (discounted per-turn returns normalised within anchor-state groups)."""
+    the step-level one (discounted per-turn returns normalised within anchor groups: the same state
+    in one env group, or with ``step_anchor="context"`` the same policy input in the batch)."""
+    if settings.step_anchor not in STEP_ANCHORS:
+        raise ValueError(f"step_anchor must be one of {STEP_ANCHORS}, got {settings.step_anchor!r}")
+    keys, anchor_groups = batch.state_keys, None
+    if settings.step_anchor == "context":
+        if batch.context_keys is None:
+            raise ValueError("step_anchor='context' needs the batch's context_keys (TurnBatch.from_trajectories fills them)")
+        keys = batch.context_keys
+        anchor_groups = np.unique(batch.env_ids.astype(str), return_inverse=True)[1][batch.traj_index]
     out = gigpo_advantages(
-        batch.rewards, batch.traj_index, batch.step_index, batch.traj_groups, batch.state_keys,
-        step_weight=settings.step_reward_weight, gamma=settings.step_reward_gamma, norm=settings.norm,
+        batch.rewards, batch.traj_index, batch.step_index, batch.traj_groups, keys,
+        step_weight=settings.step_reward_weight, gamma=settings.step_reward_gamma, norm=settings.norm, anchor_groups=anchor_groups,
     )
     episode = out["episode"]
     if settings.norm_scope not in (None, "group"):
