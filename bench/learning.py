@@ -14,8 +14,17 @@ Held-out success is measured on the same 256 seeds for every run, next to the re
 (random, open-loop, expert, optimal) on those seeds. The targets are checked on held-out greedy
 success, the mean over training seeds; a missed target is reported, with its curve.
 
-    python bench/learning.py [--only NAME ...] [--algos grpo gigpo reinforce++ ppo] [--seeds 3 | --training-seeds K ...] [--max-steps N]
-                             [--smoke] [--finished-only] [--jobs N] [--set KEY=VALUE ...] [--results DIR]
+    python bench/learning.py [--start expert|format|both] [--only NAME ...] [--algos grpo gigpo reinforce++ ppo]
+                             [--seeds 3 | --training-seeds K ...] [--max-steps N] [--smoke] [--finished-only] [--jobs N]
+                             [--set KEY=VALUE ...] [--results DIR]
+
+``--start`` picks where RL starts. ``expert`` (the default): a warm start that imitates each env's
+oracle, then RL (``bench/learning/*.yaml``). ``format``: RL alone, from a warm start on a uniformly
+random legal mover that teaches the reply format and nothing of the task
+(``bench/learning/format/*.yaml``; results under ``bench/results/learning-format/`` and
+``learning-format.json``). ``both`` runs the two and prints them in one table. The format start's
+configs measure held-out greedy success every ``eval_steps`` (the curve, and the RL steps each
+run needed to reach 80%) and pass@k beside greedy success (``eval_pass_k``).
 
 ``--set KEY=VALUE`` overrides a config value in every env (``envhub train``'s syntax), e.g.
 ``--set generator=hf --set use_cpu=false`` on a GPU machine; ``--jobs N`` runs N trainings at once, each child with its share of
@@ -58,6 +67,10 @@ from envhub_trl.warm_start import WarmStart
 HERE = Path(__file__).parent
 CONFIGS = HERE / "learning"
 RESULTS = HERE / "results"
+#: Where RL starts: each start's configs, and the name of its results folder and summary.
+STARTS = {"expert": (CONFIGS, "learning"), "format": (CONFIGS / "format", "learning-format")}
+#: The held-out greedy success whose first step a run's curve records (``steps_to_threshold``).
+STEPS_TO = 0.8
 #: The algorithms a run compares by default, each at the same budget; GiGPO's target is against GRPO.
 ALGOS = ("grpo", "gigpo", "reinforce++", "ppo")
 COMPARED = ("grpo", "gigpo")
@@ -164,7 +177,30 @@ def summarise_algo(runs: dict[int, dict[str, Any]], references: dict[str, float]
     summary["kept_steps"] = [(runs[s].get("validation") or {}).get("step") for s in seeds]
     summary["rl_steps"] = first["rl_steps"]
     summary["seconds_per_run"] = statistics.fmean(runs[s]["seconds"] for s in seeds)
+    summary["rl_seconds_per_run"] = statistics.fmean((runs[s].get("phase_seconds") or {}).get("rl") or 0.0 for s in seeds)
+    # The RL steps each seed needed to reach STEPS_TO held-out greedy (None: not within the run).
+    summary["steps_to_threshold"] = {"threshold": STEPS_TO, "per_seed": [steps_to(runs[s], STEPS_TO) for s in seeds]}
+    passes = sorted({m for s in seeds for m in runs[s]["evaluations"][STAGES[2]] if m.startswith("pass@")})
+    for mode in passes:
+        summary.setdefault("pass_at_k", {})[mode] = {
+            name: spread([runs[s]["evaluations"][stage][mode]["success_rate"] for s in seeds])
+            for name, stage in (("start", start_stage(first)), ("after_rl", STAGES[2]))
+        }
     return summary
+
+
+def steps_to(results: dict[str, Any], threshold: float) -> int | None:
+    """The first RL step whose held-out greedy success reached ``threshold``: from the curve
+    measured every ``eval_steps`` and the final evaluation (None: never within the run)."""
+    start = results["evaluations"][start_stage(results)]["greedy"]["success_rate"]
+    if start >= threshold:
+        return 0
+    for point in results.get("held_out_curve") or []:  # steps counted from RL's start (the warm start takes none)
+        if point["greedy"] >= threshold:
+            return point["step"]
+    if results["evaluations"][STAGES[2]]["greedy"]["success_rate"] >= threshold:
+        return results["rl_steps"]
+    return None
 
 
 def check_targets(name: str, algos: dict[str, Any], references: dict[str, float], targets: dict[str, float]) -> list[dict[str, Any]]:
@@ -183,6 +219,13 @@ def check_targets(name: str, algos: dict[str, Any], references: dict[str, float]
             checks.append({
                 "env": name, "algo": algo, "target": "held-out greedy success", "threshold": targets["success"],
                 "value": greedy, "met": greedy >= targets["success"],
+            })
+        if "start_over_random" in targets and "random policy" in references:
+            # A format-only start must be format-only: its greedy success near the random policy's.
+            over = summary["start"]["greedy"]["mean"] - references["random policy"]
+            checks.append({
+                "env": name, "algo": algo, "target": "start's held-out greedy success minus the random policy's (at most)",
+                "threshold": targets["start_over_random"], "value": over, "met": over <= targets["start_over_random"],
             })
         gains = summary["rl_gain_per_seed"]
         checks.append({
@@ -281,12 +324,18 @@ def print_report(envs: dict[str, Any]) -> None:
         refs = entry["references"]
         for algo, summary in entry["algorithms"].items():
             ratio = summary.get("ratio_to_optimal", {}).get("greedy")
+            reach = summary.get("steps_to_threshold", {}).get("per_seed", [])
+            passes = summary.get("pass_at_k", {})
             rows.append([
                 name, algo, len(summary["seeds"]), pm(summary["start"]["greedy"]), pm(summary["after_rl"]["greedy"]),
-                pm(summary["after_rl"]["sampled"]), "-" if ratio is None else f"{ratio:.2f}",
+                pm(summary["after_rl"]["sampled"]),
+                ", ".join(f"{mode} {pm(cell['after_rl'])}" for mode, cell in passes.items()) or "-",
+                "/".join("-" if r is None else str(r) for r in reach) or "-",
+                "-" if ratio is None else f"{ratio:.2f}",
                 *("-" if refs.get(r) is None else f"{refs[r]:.1%}" for r in ("random policy", "open-loop", "expert", "optimal")),
             ])
-    headers = ["env", "algo", "seeds", "warm start (greedy)", "after RL (greedy)", "after RL (sampled)", "/optimal",
+    headers = ["env", "algo", "seeds", "start (greedy)", "after RL (greedy)", "after RL (sampled)", "after RL (pass@k)",
+               f"steps to {STEPS_TO:.0%}", "/optimal",
                "random", "open-loop", "expert", "optimal"]
     print("\nheld-out success (mean ± std over training seeds)\n")
     print(table(rows, headers))
@@ -300,10 +349,13 @@ def print_report(envs: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/).")
+    parser.add_argument("--start", choices=[*STARTS, "both"], default="expert",
+                        help="Where RL starts: the oracle's warm start (expert), a format-only one (format: RL alone), or both.")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="Only these envs (config names in bench/learning/ or bench/learning/format/).")
     parser.add_argument("--finished-only", action="store_true",
                         help="Run nothing: summarise the runs already finished (table, learning.json, learning.png).")
-    parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=list(ALGOS), help="Advantage estimators (default: grpo gigpo reinforce++ ppo).")
+    parser.add_argument("--algos", nargs="+", choices=sorted(ESTIMATORS), default=None,
+                        help="Advantage estimators (default: grpo gigpo reinforce++ ppo; with --start format: grpo gigpo).")
     parser.add_argument("--seeds", type=int, default=3, help="Training seeds per env and algorithm (0 .. N-1).")
     parser.add_argument("--training-seeds", nargs="+", type=int, metavar="K", help="These training seeds instead of 0 .. N-1.")
     parser.add_argument("--results", type=Path, metavar="DIR",
@@ -322,19 +374,37 @@ def main() -> None:
     if args.run:
         child(args.run)
         return
+    starts = list(STARTS) if args.start == "both" else [args.start]
+    tables, failed = {}, []
+    for start in starts:
+        envs, failures = run_start(start, args, parser)
+        tables.update({f"{name} ({start} start)" if len(starts) > 1 else name: entry for name, entry in envs.items()})
+        failed += failures
+    if len(starts) > 1 and tables:
+        print("\nboth starts")
+        print_report(tables)
+    if failed:
+        print(f"{len(failed)} run(s) failed; see their run.log", file=sys.stderr)
+        sys.exit(1)
 
+
+def run_start(start: str, args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every run of one start (``--start``'s), its summary JSON and plot; returns the envs' summaries and the failed runs."""
     started = time.perf_counter()
-    configs = {path.stem: path for path in sorted(CONFIGS.glob("*.yaml"))}
+    folder, stem = STARTS[start]
+    algos = args.algos or (list(COMPARED) if start == "format" else list(ALGOS))
+    configs = {path.stem: path for path in sorted(folder.glob("*.yaml"))}
     unknown = sorted(set(args.only or []) - set(configs))
     if unknown:
         parser.error(f"unknown env {unknown}; choose from {sorted(configs)}")
     names = args.only or list(configs)
     if args.smoke:
-        root, summary_dir, seeds = RESULTS / "learning-smoke", RESULTS / "learning-smoke", 1
+        root, summary_dir, seeds = RESULTS / f"{stem}-smoke", RESULTS / f"{stem}-smoke", 1
     else:
-        root, summary_dir, seeds = RESULTS / "learning", RESULTS, args.seeds
+        root, summary_dir, seeds = RESULTS / stem, RESULTS, args.seeds
     if args.results is not None:
         root, summary_dir = args.results / root.name, args.results
+    summary_name = "learning" if args.smoke else stem
     training_seeds = list(args.training_seeds or range(seeds))
     loaded = {name: load_env_config(configs[name]) for name in names}
     for name, (values, run, _) in loaded.items():
@@ -360,7 +430,7 @@ def main() -> None:
     for seed in training_seeds:
         for name in names:
             values, run, _ = loaded[name]
-            for algo in args.algos:
+            for algo in algos:
                 out = root / name / algo / f"seed{seed}"
                 todo.append((name, algo, seed, out, run_spec(values, run, algo, seed, out)))
     threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
@@ -392,7 +462,8 @@ def main() -> None:
     report = {
         "smoke": args.smoke,
         "seeds": training_seeds,
-        "algorithms": args.algos,
+        "start": start,
+        "algorithms": algos,
         "measure": "held-out success rate on the same seeds for every run; targets on greedy success, mean over training seeds",
         "envs": envs,
         "targets": [check for entry in envs.values() for check in entry["targets"]],
@@ -401,15 +472,14 @@ def main() -> None:
         "run_seconds_total": sum(r["seconds"] for by_algo in runs.values() for by_seed in by_algo.values() for r in by_seed.values()),
     }
     summary_dir.mkdir(parents=True, exist_ok=True)
-    (summary_dir / "learning.json").write_text(json.dumps(report, indent=2))
+    (summary_dir / f"{summary_name}.json").write_text(json.dumps(report, indent=2))
     if envs:
-        plot(envs, {name: runs[name] for name in envs}, summary_dir / "learning.png")
+        plot(envs, {name: runs[name] for name in envs}, summary_dir / f"{summary_name}.png")
+        print(f"\n{start} start")
         print_report(envs)
     print(f"\nwall time {report['wall_seconds'] / 60:.1f} min (runs in all: {report['run_seconds_total'] / 60:.1f} min); "
-          f"{summary_dir / 'learning.json'}, {summary_dir / 'learning.png'}")
-    if failed:
-        print(f"{len(failed)} run(s) failed; see their run.log", file=sys.stderr)
-        sys.exit(1)
+          f"{summary_dir / f'{summary_name}.json'}, {summary_dir / f'{summary_name}.png'}")
+    return envs, failed
 
 
 if __name__ == "__main__":

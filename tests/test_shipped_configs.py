@@ -1,4 +1,4 @@
-"""Every config the repository ships (examples/*.yaml, bench/learning/*.yaml) loads as `envhub
+"""Every config the repository ships (examples/*.yaml, bench/learning/*.yaml, bench/learning/format/*.yaml) loads as `envhub
 train` and `bench/learning.py` load it: its fields, its warm start and its tiny-model mapping are
 valid (and its LoRA mapping), so a typo in a recipe fails here rather than minutes into a run."""
 
@@ -17,7 +17,7 @@ from envhub_trl.tiny import TinySpec  # noqa: E402
 from envhub_trl.train_command import load_config_file, split_warm_start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("bench/learning/*.yaml")])
+CONFIGS = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("bench/learning/*.yaml"), *ROOT.glob("bench/learning/format/*.yaml")])
 
 
 def test_the_shipped_configs_are_found():
@@ -26,7 +26,7 @@ def test_the_shipped_configs_are_found():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_a_shipped_config_loads(path, tmp_path):
-    if path.parent.name == "learning":  # bench/learning.py reads model and targets itself
+    if path.parent.name in ("learning", "format"):  # bench/learning.py reads model and targets itself
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert values.pop("model") == "tiny" and isinstance(values.pop("targets", {}), dict)
         path = tmp_path / path.name

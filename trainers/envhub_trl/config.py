@@ -131,6 +131,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "eval_episodes": AT_LEAST_ONE,
     "eval_seed_offset": NON_NEGATIVE,
     "eval_max_invalid_streak": AT_LEAST_ONE,
+    "eval_pass_k": Bounds(low=2),
     "validation_steps": AT_LEAST_ONE,
     "validation_episodes": AT_LEAST_ONE,
     "validation_seed_offset": NON_NEGATIVE,
@@ -322,6 +323,13 @@ class EnvGRPOConfig(GRPOConfig):
     eval_episodes: int = field(default=128, metadata={"help": "Held-out episodes of `evaluate_env` (one seed each, greedy)."})
     eval_seed_offset: int = field(
         default=1_000_000_000, metadata={"help": "Held-out seeds are eval_seed_offset .. + eval_episodes - 1; keep them above num_train_seeds."}
+    )
+    eval_pass_k: int | None = field(
+        default=None,
+        metadata={
+            "help": "Also measure pass@k on the held-out seeds at each stage: k episodes per seed, sampled as in training; the "
+            "share of seeds one of them solves (None: not measured)."
+        },
     )
     eval_sampled: bool = field(
         default=False,

@@ -81,9 +81,12 @@ def evaluate_generator(
     seeds: Sequence[int],
     sampling: SamplingParams | None = None,
     label: str | None = None,
+    members: int = 1,
     **manager_kwargs: Any,
 ) -> dict[str, float]:
-    """Play one episode per seed of ``seeds`` and return :func:`envhub.rollout.batch_metrics`.
+    """Play one episode per seed of ``seeds`` (``members`` per seed) and return
+    :func:`envhub.rollout.batch_metrics`; with ``members`` > 1 also ``pass_at_k``, the share of
+    seeds that any of their ``members`` episodes solved (pass@k with k = ``members``).
 
     Args:
         generator: samples the replies (greedily).
@@ -92,15 +95,22 @@ def evaluate_generator(
         seeds: one episode per seed.
         sampling: how replies are sampled; None plays greedily with replies of up to 64 tokens.
         label: show a progress bar with this label on stderr (None: none).
+        members: episodes per seed, all reset with that seed (sampled apart by ``sampling``).
         **manager_kwargs: rendering and episode settings for :class:`~envhub.manager.EnvGroupManager`
             (``EnvGRPOConfig.manager_kwargs()`` gives a training run's).
     """
-    manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
-    bar = progress_bar(label, len(seeds)) if label else contextlib.nullcontext()
+    manager = EnvGroupManager(env_id, len(seeds), members, tokenizer=tokenizer, **manager_kwargs)
+    bar = progress_bar(label, len(seeds) * members) if label else contextlib.nullcontext()
     with manager, bar as shown:
         on_turn = finished_counter(shown) if label else None
         trajectories = rollout(manager, generator, sampling or SamplingParams(temperature=0.0), seeds=list(seeds), on_turn=on_turn)
-    return batch_metrics(trajectories)
+    metrics = batch_metrics(trajectories)
+    if members > 1:
+        solved: dict[int, bool] = {}
+        for trajectory in trajectories:
+            solved[trajectory.group_id] = solved.get(trajectory.group_id, False) or bool(trajectory.success)
+        metrics["pass_at_k"] = sum(solved.values()) / len(solved)
+    return metrics
 
 
 def held_out_seeds(offset: int, count: int) -> list[int]:

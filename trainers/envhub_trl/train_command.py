@@ -81,6 +81,10 @@ def _evaluate(trainer: Any, stage: str) -> dict[str, dict[str, dict[str, float]]
         metrics = {"greedy": trainer.evaluate_env(label=f"held-out, {name}, greedy", env=entry)}
         if trainer.args.eval_sampled:
             metrics["sampled"] = trainer.evaluate_env(greedy=False, label=f"held-out, {name}, sampled", env=entry)
+        if trainer.args.eval_pass_k:
+            k = trainer.args.eval_pass_k
+            metrics[f"pass@{k}"] = trainer.evaluate_env(greedy=False, label=f"held-out, {name}, pass@{k}", env=entry, pass_k=k)
+            metrics[f"pass@{k}"]["success_rate"] = metrics[f"pass@{k}"]["pass_at_k"]
         note = ""
         if any(m.get("invalid_end_rate") for m in metrics.values()):
             cut = " and ".join(f"{m['invalid_end_rate']:.0%} {mode}" for mode, m in metrics.items())

@@ -387,6 +387,7 @@ class EnvGRPOTrainer(TRLBridge):
         generator: Generator | None = None,
         label: str | None = None,
         env: EnvEntry | None = None,
+        pass_k: int = 1,
     ) -> dict[str, float]:
         """Success of the current model on held-out seeds (``args.eval_episodes`` from
         ``args.eval_seed_offset`` by default), greedy or sampled as in training (seeded with
@@ -409,4 +410,4 @@ class EnvGRPOTrainer(TRLBridge):
         settings = args.eval_manager_kwargs_for(env, model=generator is None)
         with self._generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
-            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, **settings)
+            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, members=pass_k, **settings)

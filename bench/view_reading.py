@@ -1,0 +1,205 @@
+"""Does a policy read its observation? Exact figures for a step-layout FrozenLake policy, and why RL alone stalls.
+
+Two parts (issue 40's diagnosis), each on the states of random-walk episodes of the run's config
+(FrozenLake 4x4, local view, one turn a prompt without history):
+
+``--probe FOLDER ...``: for each model folder (or ``init``, the untrained tiny model), the exact
+distribution over the four moves at the action token of every prompt, then per view the mean
+distribution, and the mutual information between the view and the move, ``H(mean pi) - mean H(pi)``
+(nats): 0 for a policy that plays the same distribution whatever it sees. The ``diag/`` metrics a
+training step logs estimate the same from samples.
+
+``--oracle``: from one folder (the format-only warm start), 80 steps of gradient on single decisions
+with exact labels: the view expert's move for each state (``expert_action`` of the env). Modes:
+``sft`` (cross-entropy on the expert's move), ``pg`` (one sampled move per state, advantage +1 for
+the expert's, -1/3 otherwise: a perfect per-decision advantage), ``relative`` (the same sample,
+advantage ``(r - p) / p`` with ``p`` the policy's probability of the expert's move: the
+maximum-likelihood normalisation), ``noisy-std`` and ``noisy-relative`` (8 sampled moves per state,
+reward drawn with probability 0.5 for the expert's move and 0.1 for the others, normalised within
+the state's 8 as GRPO does, or relative). It prints held-out agreement with the expert's move and
+the mean probability of it every 10 steps.
+
+    python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --probe init OUT/final
+    python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --oracle OUT/final
+
+Writes bench/results/view_reading.json (the parts run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+import yaml
+
+from envhub.generation import RandomGenerator
+from envhub_trl.config import EnvGRPOConfig
+from envhub_trl.warm_start import relabelled_samples
+
+RESULTS = Path(__file__).parent / "results" / "view_reading.json"
+MOVES = ("Left", "Down", "Right", "Up")
+ORACLE_MODES = ("sft", "pg", "relative", "noisy-std", "noisy-relative")
+
+
+def load(folder: str, config: dict[str, Any]) -> tuple[Any, Any]:
+    """A model folder's model and tokenizer, or ``init``: the untrained tiny model of ``config``."""
+    if folder == "init":
+        from envhub_trl.models import load_model_and_tokenizer
+        from envhub_trl.tiny import TinySpec
+
+        env_id = config["env_id"]
+        model, tokenizer = load_model_and_tokenizer(
+            "tiny", [env_id], config.get("seed", 0), kwargs_by_env={env_id: config.get("env_kwargs") or {}},
+            tiny=TinySpec.from_mapping(config.get("tiny")),
+        )
+        return model.eval(), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[list[int]], np.ndarray, list[str], list[int]]:
+    """The prompts of random-walk episodes on ``seeds`` (each ending with ``<answer>``), the view
+    expert's move in each (an index into :data:`MOVES`), the view shown, and the move tokens."""
+    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
+    args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none"})
+    labelled, _ = relabelled_samples(
+        RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, args.env_id, seeds, max_new_tokens=args.max_turn_tokens, **args.manager_kwargs()
+    )
+    prefix = tokenizer.encode("<answer>", add_special_tokens=False)
+    move_ids = [tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
+    prompts = [list(s.prompt_ids) + prefix for s in labelled]
+    expert = np.array([MOVES.index(tokenizer.decode(s.completion_ids).split("<answer>")[1].split("</answer>")[0]) for s in labelled])
+    views = [tokenizer.decode(s.prompt_ids).rsplit("user\n", 1)[1].split("<|im_end|>")[0].split("\n")[-1] for s in labelled]
+    return prompts, expert, views, move_ids
+
+
+def log_probs(model: Any, prompts: list[list[int]]) -> torch.Tensor:
+    """Log-probabilities over the vocabulary at the end of each prompt (left-padded batches)."""
+    out = []
+    for i in range(0, len(prompts), 128):
+        batch = prompts[i : i + 128]
+        width = max(map(len, batch))
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(batch):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        out.append(torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1))
+    return torch.cat(out)
+
+
+def entropy(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-12, 1.0)
+    return -(p * np.log(p)).sum(-1)
+
+
+def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
+    """The exact view information of one policy (see the module docstring)."""
+    model, tokenizer = load(folder, config)
+    prompts, expert, views, move_ids = states(tokenizer, config, seeds)
+    with torch.no_grad():
+        moves = log_probs(model, prompts)[:, move_ids].softmax(-1).numpy()
+    marginal = moves.mean(0)
+    information = float(entropy(marginal) - entropy(moves).mean())
+    by_view: dict[str, list[np.ndarray]] = defaultdict(list)
+    for view, p in zip(views, moves):
+        by_view[view].append(p)
+    common = sorted(by_view.items(), key=lambda kv: -len(kv[1]))[:8]
+    return {
+        "states": len(prompts),
+        "marginal": dict(zip(MOVES, marginal.round(4).tolist())),
+        "information_nats": information,
+        "agreement_with_expert": float(np.mean(moves.argmax(1) == expert)),
+        "views": {view: {"count": len(ps), **dict(zip(MOVES, np.mean(ps, 0).round(3).tolist()))} for view, ps in common},
+    }
+
+
+def oracle(folder: str, config: dict[str, Any], mode: str, steps: int, lr: float) -> list[dict[str, float]]:
+    """Gradient steps on single decisions with exact labels (see the module docstring); the curve."""
+    torch.manual_seed(0)
+    model, tokenizer = load(folder, config)
+    train, train_expert, _, move_ids = states(tokenizer, config, range(0, 400))
+    test, test_expert, _, _ = states(tokenizer, config, range(10**6, 10**6 + 100))
+    move_ids_t = torch.tensor(move_ids)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng, curve, started = np.random.default_rng(0), [], time.perf_counter()
+    for step in range(steps + 1):
+        if step % 10 == 0:
+            with torch.no_grad():
+                p = log_probs(model.eval(), test)[:, move_ids].softmax(-1).numpy()
+            point = {"step": step, "agreement": float(np.mean(p.argmax(1) == test_expert)),
+                     "p_expert": float(p[np.arange(len(p)), test_expert].mean())}
+            curve.append(point)
+            print(f"{mode:>14} step {step:3d}: agreement {point['agreement']:.2f}, p(expert) {point['p_expert']:.2f} "
+                  f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if step == steps:
+            break
+        model.train()
+        noisy = mode.startswith("noisy")
+        pick = np.repeat(rng.choice(len(train), 32, replace=False), 8) if noisy else rng.choice(len(train), 256, replace=False)
+        logp = log_probs(model, [train[i] for i in pick])
+        rows = torch.arange(len(pick))
+        right = move_ids_t[torch.as_tensor(train_expert[pick])]
+        if mode == "sft":
+            loss = -logp[rows, right].mean()
+        else:
+            with torch.no_grad():
+                action = torch.distributions.Categorical(logits=logp).sample()
+            valid = torch.isin(action, move_ids_t)
+            if mode == "pg":
+                advantage = torch.where(action == right, 1.0, torch.where(valid, -1.0 / 3, -1.0))
+            elif mode == "relative":
+                p_right = logp.detach()[rows, right].exp()
+                advantage = ((action == right).float() - p_right) / p_right.clamp_min(0.02)
+            else:
+                chance = torch.where(action == right, 0.5, torch.where(valid, 0.1, 0.0))
+                reward = torch.bernoulli(chance, generator=torch.Generator().manual_seed(step)).view(32, 8)
+                mean = reward.mean(1, keepdim=True)
+                scale = reward.std(1, keepdim=True) + 1e-6 if mode == "noisy-std" else mean.clamp_min(0.1)
+                advantage = ((reward - mean) / scale).view(-1)
+            loss = -(advantage * logp[rows, action]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, required=True, help="The run's config (a bench/learning YAML or an envhub train config).")
+    parser.add_argument("--probe", nargs="+", metavar="FOLDER", default=[], help="Model folders to probe ('init': the untrained tiny model).")
+    parser.add_argument("--oracle", metavar="FOLDER", help="Run the oracle-gradient modes from this folder.")
+    parser.add_argument("--modes", nargs="+", choices=ORACLE_MODES, default=list(ORACLE_MODES))
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    args = parser.parse_args()
+    config = yaml.safe_load(args.config.read_text())
+    report: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for folder in args.probe:
+        figures = probe(folder, config, range(10**6, 10**6 + 300))
+        print(f"{folder}: I(view; move) = {figures['information_nats']:.4f} nats, agreement with the view expert "
+              f"{figures['agreement_with_expert']:.2f}, marginal {figures['marginal']}")
+        for view, cell in figures["views"].items():
+            print(f"  {cell['count']:4d}  {view:52s} " + " ".join(f"{m}={cell[m]:.2f}" for m in MOVES))
+        report.setdefault("probe", {})[folder] = figures
+    if args.oracle:
+        report["oracle"] = {"folder": args.oracle, "lr": args.lr, "steps": args.steps,
+                            "curves": {mode: oracle(args.oracle, config, mode, args.steps, args.lr) for mode in args.modes}}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2))
+    print(f"\n{RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
