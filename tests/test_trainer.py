@@ -993,3 +993,20 @@ def test_trained_on_keeps_the_held_out_evaluation_and_refuses_a_bad_one(tmp_path
     del body["held_out"]  # a folder from before the record: eval falls back to its own seeds
     (tmp_path / SETTINGS_FILE).write_text(json.dumps(body))
     assert TrainedOn.load(tmp_path).held_out is None
+
+
+def test_pass_at_k_counts_a_seed_solved_when_any_of_its_k_episodes_is():
+    """evaluate_generator(members=k): k episodes per seed, all reset with it; pass_at_k is the share
+    of seeds one of them solved, and the episode metrics cover every episode."""
+    from envhub.generation import ExpertGenerator, RandomGenerator
+    from envhub_trl.evaluation import evaluate_generator
+
+    seeds = list(range(40))
+    expert = evaluate_generator(ExpertGenerator(), None, LAKE, seeds, members=3, max_turns=8)
+    assert expert["pass_at_k"] == expert["success_rate"] == 1.0  # the map expert wins every map
+    one = evaluate_generator(RandomGenerator(seed=0), None, LAKE, seeds, max_turns=8)
+    assert "pass_at_k" not in one
+    several = evaluate_generator(RandomGenerator(seed=0), None, LAKE, seeds, members=8, max_turns=8)
+    # pass@8 is at least the mean success, and a seed counts once however many members solve it.
+    assert several["success_rate"] <= several["pass_at_k"] <= min(1.0, 8 * several["success_rate"])
+    assert several["pass_at_k"] * len(seeds) == int(round(several["pass_at_k"] * len(seeds)))
