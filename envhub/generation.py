@@ -11,6 +11,7 @@ vLLM) live in the trainer package, so the core never imports torch.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -209,6 +210,29 @@ class RandomGenerator(_ActionGenerator):
         if not prompt.valid_actions:
             raise PolicyError("the random generator needs a finite list of legal actions")
         return _random_legal(prompt, self.rng)
+
+
+class RandomMappingGenerator(_ActionGenerator):
+    """Replies with a legal action picked by a fixed random function of the prompt: the same
+    prompt always gets the same action, and across prompts the actions are uniformly random (a
+    keyed hash of the prompt picks among its legal actions). A random *deterministic* policy: it
+    knows nothing of the task, but its reply depends on what it is shown.
+
+    Args:
+        seed: keys the hash (another seed, another mapping).
+        tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
+    """
+
+    def __init__(self, seed: int | None = None, tokenizer: Any | None = None):
+        super().__init__(tokenizer)
+        self.key = str(0 if seed is None else seed).encode()
+
+    def _action(self, prompt: Prompt) -> str:
+        if not prompt.valid_actions:
+            raise PolicyError("the random-mapping generator needs a finite list of legal actions")
+        shown = repr(prompt.messages[-1]["content"]) if prompt.messages else ",".join(map(str, prompt.token_ids))
+        digest = hashlib.blake2b(shown.encode(), key=self.key, digest_size=8).digest()
+        return prompt.valid_actions[int.from_bytes(digest, "little") % len(prompt.valid_actions)]
 
 
 class ExpertGenerator(_ActionGenerator):

@@ -8,7 +8,7 @@ import envhub
 from helper_envs import BAD_SEED, CharTokenizer, flaky_env  # noqa: F401  (fixture)
 
 from envhub.chat import end_of_turn_ids, stop_token_ids
-from envhub.error import UnknownEnv
+from envhub.error import PolicyError, UnknownEnv
 from envhub.generation import Completion, ExpertGenerator, Prompt, RandomGenerator, SamplingParams, request_seeds
 from envhub.manager import EnvGroupManager, group_seeds
 from envhub.rollout import Trajectory, Turn, batch_columns, batch_metrics, rollout, step_arrays, to_samples
@@ -368,6 +368,29 @@ def test_noisy_expert_takes_random_legal_moves_as_often_as_asked():
     assert noisy == actions(ExpertGenerator(epsilon=0.4, seed=5))  # seeded
     with pytest.raises(ValueError, match="between 0 and 1"):
         ExpertGenerator(epsilon=1.5)
+
+
+def test_the_random_mapping_demonstrator_is_a_fixed_random_function_of_what_it_is_shown():
+    from envhub.generation import RandomMappingGenerator
+
+    legal = ["Left", "Down", "Right", "Up"]
+    prompts = [Prompt([], [{"role": "user", "content": f"view {k % 400}"}], valid_actions=legal) for k in range(4000)]
+
+    def actions(generator):
+        return [c.text.removeprefix("<answer>").removesuffix("</answer>") for c in generator.generate(prompts, SamplingParams())]
+
+    mapped = actions(RandomMappingGenerator(seed=3))
+    # The same observation always gets the same move...
+    assert all(mapped[k] == mapped[k % 400] for k in range(4000))
+    # ...and across observations the moves are uniform, with another mapping for another seed.
+    shares = {a: mapped[:400].count(a) / 400 for a in legal}
+    assert all(share == pytest.approx(0.25, abs=0.07) for share in shares.values())
+    assert mapped == actions(RandomMappingGenerator(seed=3)) != actions(RandomMappingGenerator(seed=4))
+    # Token-id prompts (a manager with a tokenizer) are keyed by their ids.
+    by_ids = RandomMappingGenerator(seed=3).generate([Prompt([1, 2, 3], [], valid_actions=legal)] * 2, SamplingParams())
+    assert by_ids[0].text == by_ids[1].text
+    with pytest.raises(PolicyError, match="legal actions"):
+        RandomMappingGenerator().generate([Prompt([], [{"role": "user", "content": "x"}])], SamplingParams())
 
 
 def test_turns_and_their_friends_are_built_with_keywords_only():

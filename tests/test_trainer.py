@@ -811,6 +811,13 @@ def test_a_random_demonstrator_is_imitated_in_full_and_teaches_the_format_only(t
     assert samples == expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random", **manager_kwargs)  # seeded
     warm = WarmStart.from_mapping({"demonstrator": "random", "steps": 2, "episodes": 16})
     assert warm.demonstrator == "random" and "random-mover (format-only) episodes" in warm.describe()
+    # random-mapping: the same moves whenever the same prompt comes back, every move imitated.
+    from envhub.generation import RandomMappingGenerator
+
+    mapped = expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random-mapping", **manager_kwargs)
+    played = rollout(EnvGroupManager(LAKE, 16, 1, tokenizer=tokenizer, **manager_kwargs), RandomMappingGenerator(5, tokenizer), seeds=list(range(16)))
+    assert [sum(s.env_mask) for s in mapped] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
+    assert len({turn.action for t in played for turn in t.turns}) > 1
     with pytest.raises(ValueError, match="demonstrator must be one of"):
         WarmStart.from_mapping({"demonstrator": "oracle"})
 

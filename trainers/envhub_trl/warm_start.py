@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, SamplingParams
+from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, RandomMappingGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import Sample, Trajectory, rollout, to_samples
 
 
-#: Whose moves a warm start imitates: the env's oracle, or a uniformly random legal mover (a
-#: format-only start: the reply format is learnt, nothing of the task).
-DEMONSTRATORS = ("expert", "random")
+#: Whose moves a warm start imitates: the env's oracle, a uniformly random legal mover, or a fixed
+#: random function of the observation (format-only starts: the reply format is learnt, nothing of the task).
+DEMONSTRATORS = ("expert", "random", "random-mapping")
 
 
 def expert_samples(
@@ -43,14 +43,23 @@ def expert_samples(
     expert's path, such as dead ends, each labelled with the expert's move out of it.
 
     ``demonstrator="random"``: a uniformly random legal mover (seeded with ``seed``), every move
-    imitated. The samples teach the reply format and nothing of the task, the fair start for RL
-    alone (an instruct model knows the format, not the task); ``epsilon`` does not apply.
+    imitated. The samples teach the reply format and nothing of the task; ``epsilon`` does not
+    apply. Its moves are independent of what the model is shown, so imitating them teaches the
+    model to ignore its observation (bench/view_reading.py measures exactly 0 nats between view and
+    move after such a start on FrozenLake).
+
+    ``demonstrator="random-mapping"``: a fixed random function of the prompt picks a legal move
+    (:class:`~envhub.generation.RandomMappingGenerator`, keyed with ``seed``), every move imitated:
+    still nothing of the task (uniform moves across observations), but each move depends on what
+    was shown, so the model learns to read its observation, as an instruct model does.
     """
     if demonstrator not in DEMONSTRATORS:
         raise ValueError(f"unknown demonstrator {demonstrator!r}; choose one of {list(DEMONSTRATORS)}")
     manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
     if demonstrator == "random":
         player: Generator = RandomGenerator(seed=seed, tokenizer=tokenizer)
+    elif demonstrator == "random-mapping":
+        player = RandomMappingGenerator(seed=seed, tokenizer=tokenizer)
     else:
         player = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
     with manager:
@@ -58,7 +67,7 @@ def expert_samples(
     samples = []
     for sample in to_samples(trajectories):
         turns = trajectories[sample.trajectory_index].turns
-        imitated = [demonstrator == "random" or turn.action == turn.expert_action for turn in turns]
+        imitated = [demonstrator != "expert" or turn.action == turn.expert_action for turn in turns]
         mask = [int(m and imitated[turn]) for m, turn in zip(sample.env_mask, sample.turn_ids)]
         if any(mask):
             samples.append(dataclasses.replace(sample, env_mask=mask))
@@ -207,9 +216,10 @@ class WarmStart:
     ``envhub train`` config file (``envhub train --warm-start-*`` flags override its keys).
 
     Attributes:
-        demonstrator: ``expert`` (the env's oracle) or ``random`` (a uniformly random legal mover,
-            every move imitated: a format-only start, from which RL alone must learn the task;
-            :func:`expert_samples`). DAgger rounds always label with the expert.
+        demonstrator: ``expert`` (the env's oracle), ``random`` (a uniformly random legal mover,
+            every move imitated) or ``random-mapping`` (a fixed random function of the observation
+            picks each legal move): format-only starts, from which RL alone must learn the task
+            (:func:`expert_samples`). DAgger rounds always label with the expert.
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
         learning_rate: the AdamW learning rate. At 1e-3 the tiny model fitted the moves to the
@@ -377,6 +387,6 @@ class WarmStart:
             else ""
         )
         steps = f"{self.steps} supervised step{'' if self.steps == 1 else 's'}"
-        who = "expert" if self.demonstrator == "expert" else "random-mover (format-only)"
+        who = {"expert": "expert", "random": "random-mover (format-only)", "random-mapping": "random-mapping (format-only)"}[self.demonstrator]
         episodes = f"{self.episodes} {who} episode{'' if self.episodes == 1 else 's'}"
         return f"{steps}{schedule} on {episodes}{noise}{dagger}"
