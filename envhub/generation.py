@@ -219,17 +219,26 @@ class RandomMappingGenerator(_ActionGenerator):
     knows nothing of the task, but its reply depends on what it is shown.
 
     Args:
-        seed: keys the hash (another seed, another mapping).
+        seed: keys the hash (another seed, another mapping) and seeds the uniform moves.
         tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
+        share: how often the mapping picks the move; otherwise a uniformly random legal move (so
+            each prompt's moves follow a random distribution, ``share + (1 - share) / n`` on its
+            mapped move, rather than one move always).
     """
 
-    def __init__(self, seed: int | None = None, tokenizer: Any | None = None):
+    def __init__(self, seed: int | None = None, tokenizer: Any | None = None, share: float = 1.0):
         super().__init__(tokenizer)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share is a probability, between 0 and 1; got {share}")
         self.key = str(0 if seed is None else seed).encode()
+        self.share = share
+        self.rng = np.random.default_rng(seed)
 
     def _action(self, prompt: Prompt) -> str:
         if not prompt.valid_actions:
             raise PolicyError("the random-mapping generator needs a finite list of legal actions")
+        if self.share < 1.0 and self.rng.random() >= self.share:
+            return _random_legal(prompt, self.rng)
         shown = repr(prompt.messages[-1]["content"]) if prompt.messages else ",".join(map(str, prompt.token_ids))
         digest = hashlib.blake2b(shown.encode(), key=self.key, digest_size=8).digest()
         return prompt.valid_actions[int.from_bytes(digest, "little") % len(prompt.valid_actions)]

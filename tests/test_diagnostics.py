@@ -70,3 +70,14 @@ def test_invalid_replies_count_as_one_action_of_their_own():
     batch = [episode(0, [("o", None, "s")], member=m) for m in range(3)] + [episode(0, [("o", "Left", "s")], member=3)]
     out = learning_signal(batch)
     assert out["diag/first_move_entropy"] == pytest.approx(entropy([3, 1]))
+
+
+def test_observations_seen_less_than_four_times_do_not_count_towards_the_information():
+    # A blind policy over many rarely seen observations: each seen once has conditional entropy 0,
+    # which would read as information; they are left out.
+    rng = np.random.default_rng(0)
+    moves = ["Left", "Down", "Right", "Up"]
+    rare = [episode(0, [(f"o{k}", moves[rng.integers(4)], f"s{k}")], member=k) for k in range(300)]
+    assert learning_signal(rare)["diag/observation_action_information"] == 0.0
+    common = [episode(0, [(f"o{k % 10}", moves[rng.integers(4)], "s")], member=k) for k in range(400)]
+    assert learning_signal(common)["diag/observation_action_information"] < 0.05

@@ -408,3 +408,17 @@ def test_turns_and_their_friends_are_built_with_keywords_only():
     ]:
         with pytest.raises(TypeError, match="positional"):
             cls(*args)
+
+
+def test_a_random_mapping_with_a_share_mixes_in_uniform_moves():
+    from envhub.generation import RandomMappingGenerator
+
+    legal = ["Left", "Down", "Right", "Up"]
+    prompts = [Prompt([], [{"role": "user", "content": "one view"}], valid_actions=legal)] * 4000
+    moves = [c.text.removeprefix("<answer>").removesuffix("</answer>") for c in RandomMappingGenerator(seed=2, share=0.5).generate(prompts, SamplingParams())]
+    mapped = RandomMappingGenerator(seed=2).generate(prompts[:1], SamplingParams())[0].text.removeprefix("<answer>").removesuffix("</answer>")
+    # The mapped move half the time plus its share of the uniform half; the others 1/8 each.
+    assert moves.count(mapped) / 4000 == pytest.approx(0.625, abs=0.03)
+    assert all(moves.count(a) / 4000 == pytest.approx(0.125, abs=0.03) for a in legal if a != mapped)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        RandomMappingGenerator(share=1.5)

@@ -33,6 +33,7 @@ def expert_samples(
     epsilon: float = 0.0,
     seed: int = 0,
     demonstrator: str = "expert",
+    mapping_share: float = 1.0,
     **manager_kwargs: Any,
 ) -> list[Sample]:
     """The demonstrator's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
@@ -59,7 +60,7 @@ def expert_samples(
     if demonstrator == "random":
         player: Generator = RandomGenerator(seed=seed, tokenizer=tokenizer)
     elif demonstrator == "random-mapping":
-        player = RandomMappingGenerator(seed=seed, tokenizer=tokenizer)
+        player = RandomMappingGenerator(seed=seed, tokenizer=tokenizer, share=mapping_share)
     else:
         player = ExpertGenerator(epsilon=epsilon, seed=seed, tokenizer=tokenizer)
     with manager:
@@ -220,6 +221,9 @@ class WarmStart:
             every move imitated) or ``random-mapping`` (a fixed random function of the observation
             picks each legal move): format-only starts, from which RL alone must learn the task
             (:func:`expert_samples`). DAgger rounds always label with the expert.
+        mapping_share: with ``random-mapping``, how often the mapping picks the move (otherwise a
+            uniformly random legal move, imitated too): below 1, each observation's moves follow a
+            random distribution instead of one move, and the start keeps exploring.
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
         learning_rate: the AdamW learning rate. At 1e-3 the tiny model fitted the moves to the
@@ -252,6 +256,7 @@ class WarmStart:
     """
 
     demonstrator: str = "expert"
+    mapping_share: float = 1.0
     steps: int = 0
     episodes: int = 512
     learning_rate: float = 3e-4
@@ -278,6 +283,8 @@ class WarmStart:
             object.__setattr__(self, name, kind(value))
         if self.steps < 0 or self.episodes < 1 or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError("warm_start needs steps >= 0, episodes >= 1, batch_size >= 1 and learning_rate > 0")
+        if not 0.0 <= self.mapping_share <= 1.0:
+            raise ValueError(f"warm_start.mapping_share is a probability, between 0 and 1; got {self.mapping_share}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"warm_start.epsilon is a probability, between 0 and 1; got {self.epsilon}")
         if self.warmup_steps < 0 or self.max_grad_norm < 0:
@@ -344,7 +351,8 @@ class WarmStart:
             sample
             for env_id, manager_kwargs in envs
             for sample in expert_samples(
-                tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator, **manager_kwargs
+                tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator,
+                mapping_share=self.mapping_share, **manager_kwargs
             )
         ]
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
