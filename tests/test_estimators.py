@@ -179,33 +179,3 @@ def test_a_turn_batch_keys_each_turn_by_what_the_policy_was_shown():
     four = Trajectory(env_id="e", group_id=0, member=1, seed=0, index=1, turns=[turn(0, "w"), turn(1, "y")])
     assert context_keys(three)[1] != context_keys(four)[1] and context_keys(three)[0] != context_keys(four)[0]
     assert list(TurnBatch.from_trajectories([one, two]).context_keys) == context_keys(one) + context_keys(two)
-
-
-def test_the_action_entropy_bonus_is_the_action_tokens_entropy_weighted_as_the_loss_weighs_tokens():
-    import types
-
-    import torch
-
-    from envhub_trl.trainer import EnvGRPOTrainer
-
-    logged = {}
-    entropies = torch.tensor([[0.5, 1.0, 2.0, 0.0], [0.1, 0.7, 0.0, 0.0]], requires_grad=True)
-    stub = types.SimpleNamespace(
-        args=types.SimpleNamespace(action_entropy_coef=0.5), _loss_entropies=entropies, model=types.SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=2, log_metrics=lambda mode, metrics: logged.update(metrics),
-    )
-    inputs = {
-        "completion_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
-        "tool_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1]]),
-        "action_mask": torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]]),
-    }
-    loss = EnvGRPOTrainer._with_action_entropy(stub, torch.tensor(1.0), inputs)
-    # Action tokens' entropy 1.0 + 2.0 + 0.7 over 5 model tokens, halved for accumulation, times 0.5.
-    assert float(loss) == pytest.approx(1.0 - 0.5 * 3.7 / 5 / 2)
-    assert logged["policy/action_entropy"] == pytest.approx(3.7 / 3)
-    loss.backward()
-    assert entropies.grad[0, 0] == 0 and entropies.grad[0, 1] < 0  # only the action's tokens get the bonus
-    stub.args.action_entropy_coef = 0.0
-    assert float(EnvGRPOTrainer._with_action_entropy(stub, torch.tensor(1.0), inputs)) == 1.0
-    with pytest.raises(ValueError, match="sample_layout: step"):
-        EnvGRPOConfig(output_dir="/tmp/x", action_entropy_coef=0.1, sample_layout="trajectory")

@@ -212,22 +212,3 @@ def test_turn_id_matrix_is_each_completion_tokens_turn():
     matrix = pipeline.turn_id_matrix(batch, width=7)
     assert matrix[0].tolist() == [0, 0, 0, 1, 1, 0, 0]
     assert matrix[1].tolist() == [0] * 7
-
-
-def test_the_action_mask_marks_the_tokens_that_spell_the_action_not_the_format():
-    # A reply "<answer>Down</answer>" in tokens "<answer", ">", "Do", "wn", "</answer>"; one turn a row.
-    vocab = {1: "<answer", 2: ">", 3: "Do", 4: "wn", 5: "</answer>", 6: "Up"}
-    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
-    assert pipeline.action_offsets([1, 2, 3, 4, 5], "Down", decode) == [2, 3]
-    assert pipeline.action_offsets([1, 2, 6, 5], "Up", decode) == [2]
-    assert pipeline.action_offsets([1, 2, 6, 5], None, decode) == []
-    ep = episode([0.0, 1.0], layout="step", reply=5)
-    ep.turns[0] = dataclasses.replace(ep.turns[0], completion_ids=[1, 2, 3, 4, 5], action="Down")
-    ep.turns[1] = dataclasses.replace(ep.turns[1], completion_ids=[1, 2, 6, 5], action="Up", action_is_valid=False)
-    batch = pipeline.to_rows(pipeline.gather([ep], group_size=1), rows_for([ep]), layout="step", row_multiple=4)
-    mask = pipeline.action_mask(batch, 6, decode)
-    # The valid turn's action tokens; nothing for the invalid reply's, nor for the padding rows.
-    np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0], [0] * 6, [0] * 6, [0] * 6])
-    trajectory_batch = pipeline.to_rows(pipeline.gather([episode([1.0])], group_size=1), rows_for([episode([1.0])]), layout="trajectory")
-    with pytest.raises(ValueError, match="step layout"):
-        pipeline.action_mask(trajectory_batch, 4, decode)

@@ -108,7 +108,6 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "step_reward_weight": NON_NEGATIVE,
     "step_reward_gamma": UNIT,
     "kl_coef": NON_NEGATIVE,
-    "action_entropy_coef": NON_NEGATIVE,
     "gamma": UNIT,
     "lam": UNIT,
     "vf_coef": NON_NEGATIVE,
@@ -279,14 +278,6 @@ class EnvGRPOConfig(GRPOConfig):
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
     step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
     step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
-    action_entropy_coef: float = field(
-        default=0.0,
-        metadata={
-            "help": "An entropy bonus on the tokens that spell each reply's action alone (not the reply format's): the loss "
-            "less this times their mean entropy, weighted as the policy loss weighs tokens. Keeps the policy's moves from "
-            "collapsing onto one distribution before it learns to read its observation. Needs sample_layout: step."
-        },
-    )
     step_anchor: str = field(
         default="state",
         metadata={
@@ -550,8 +541,6 @@ class EnvGRPOConfig(GRPOConfig):
             )
         if self.advantage_norm not in NORMS:
             raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
-        if self.action_entropy_coef and self.sample_layout != "step":
-            raise ValueError("action_entropy_coef needs sample_layout: step (one turn a row)")
         if self.step_anchor not in STEP_ANCHORS:
             raise ValueError(f"step_anchor must be one of {STEP_ANCHORS}, got {self.step_anchor!r}")
         if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:

@@ -235,46 +235,6 @@ def spread(batch: GenerationBatch, width: int) -> GenerationBatch:
     return dataclasses.replace(batch, advantages=advantages)
 
 
-def action_offsets(completion_ids: Sequence[int], action: str | None, decode: Callable[[list[int]], str]) -> list[int]:
-    """The positions in ``completion_ids`` of the tokens that spell ``action`` (those whose text
-    overlaps its first occurrence after the reply's first ``>``, the end of an ``<answer>`` tag, or
-    from the start); empty when the reply names no action."""
-    if not action:
-        return []
-    pieces = [decode([token]) for token in completion_ids]
-    text = "".join(pieces)
-    begin = text.find(action, text.find(">") + 1)
-    if begin < 0:
-        begin = text.find(action)
-    if begin < 0:
-        return []
-    end, offsets, position = begin + len(action), [], 0
-    for k, piece in enumerate(pieces):
-        if position < end and position + len(piece) > begin:
-            offsets.append(k)
-        position += len(piece)
-    return offsets
-
-
-def action_mask(batch: GenerationBatch, width: int, decode: Callable[[list[int]], str]) -> np.ndarray:
-    """``(rows, width)``: 1 on the completion tokens that spell each turn's action (the step layout:
-    one turn a row), for an entropy bonus on the action alone (``action_entropy_coef``); 0 on the
-    reply format's tokens, on padding rows and past a row's end.
-
-    Raises:
-        ValueError: for a batch in the trajectory layout.
-    """
-    mask = np.zeros((len(batch.samples), width))
-    for row, sample in enumerate(batch.samples):
-        if sample.trajectory_index < 0:
-            continue
-        if sample.turn_index is None:
-            raise ValueError("an action mask needs the step layout (one turn a row)")
-        turn = batch.episodes[sample.trajectory_index].turns[sample.turn_index]
-        mask[row, action_offsets(sample.completion_ids, turn.action if turn.action_is_valid else None, decode)] = 1.0
-    return mask
-
-
 def turn_id_matrix(batch: GenerationBatch, width: int) -> np.ndarray:
     """``(rows, width)``: the turn of each completion token (0 past a row's end), for the loss's
     per-turn importance ratio (``ratio_type="segment"``)."""

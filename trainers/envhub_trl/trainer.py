@@ -275,8 +275,6 @@ class EnvGRPOTrainer(TRLBridge):
             output.update({name: value.to(device) for name, value in pipeline.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
         if args.ratio_type == "segment":
             output["turn_ids"] = torch.tensor(pipeline.turn_id_matrix(batch, width), device=device)
-        if args.action_entropy_coef:
-            output["action_mask"] = torch.tensor(pipeline.action_mask(batch, width, self.processing_class.decode), dtype=torch.float32, device=device)
         self.log_row_advantages(pipeline.row_advantage_means(batch))
         self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
         self.log_metrics(mode, pipeline.signal_metrics(batch, args.step_reward_gamma))
@@ -324,8 +322,7 @@ class EnvGRPOTrainer(TRLBridge):
         (:meth:`~envhub_trl.trl_bridge.TRLBridge.loss_inputs`); PPO adds its clipped value loss."""
         with self.loss_inputs(inputs):
             if self.value_head is None:
-                loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-                return self._with_action_entropy(loss, inputs)
+                return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             with captured_hidden_states(model) as hidden:
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             values = read_values(self.value_head, hidden[-1], inputs["value_positions"])
@@ -333,22 +330,7 @@ class EnvGRPOTrainer(TRLBridge):
             mode = "train" if self.model.training else "eval"
             self.log_metrics(mode, {"critic/value_loss": float(value_loss.detach())})
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            return self._with_action_entropy(loss + self.args.vf_coef * value_loss / scale, inputs)
-
-    def _with_action_entropy(self, loss: Any, inputs: dict[str, Any]) -> Any:
-        """``loss`` less ``action_entropy_coef`` times the entropy of the action's tokens, summed and
-        divided by the micro-batch's model tokens (as TRL's ``dapo`` loss weighs each token), from the
-        loss's own forward pass; logs the action tokens' mean entropy (``policy/action_entropy``)."""
-        coef = self.args.action_entropy_coef
-        if not coef or "action_mask" not in inputs or self._loss_entropies is None:
-            return loss
-        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
-        action = inputs["action_mask"] * mask
-        entropy = (self._loss_entropies * action).sum()
-        mode = "train" if self.model.training else "eval"
-        scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        self.log_metrics(mode, {"policy/action_entropy": float(entropy.detach() / action.sum().clamp(min=1.0))})
-        return loss - coef * entropy / mask.sum().clamp(min=1.0) / scale
+            return loss + self.args.vf_coef * value_loss / scale
 
     def create_optimizer(self, model: Any = None) -> Any:
         """``transformers.Trainer``'s optimizer, with PPO's value head as one more parameter group

@@ -78,8 +78,6 @@ class TRLBridge(GRPOTrainer):
 
     _in_flight: GenerationBatch | None = None  # the batch TRL is scoring, until rollout_func takes its columns
     _loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, with ratio_type="segment"
-    _in_loss = False  # inside loss_inputs: the loss's own forward pass
-    _loss_entropies: Any = None  # that pass's per-token entropies (with gradients), for action_entropy_coef
     _reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see reference_logps)
 
     # ------------------------------------------------------------------ generation
@@ -193,11 +191,10 @@ class TRLBridge(GRPOTrainer):
         """Within the block, the loss's log-probs take ``inputs``' per-turn ratio (with
         ``ratio_type="segment"``; see :meth:`_get_per_token_logps_and_entropies`)."""
         self._loss_inputs = inputs if self.args.ratio_type == "segment" else None
-        self._in_loss, self._loss_entropies = True, None
         try:
             yield
         finally:
-            self._loss_inputs, self._in_loss = None, False
+            self._loss_inputs = None
 
     def _get_per_token_logps_and_entropies(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, *args: Any, **kwargs: Any) -> Any:
         """TRL's per-token log-probs; inside the loss with ``ratio_type="segment"``, each model token's
@@ -206,8 +203,6 @@ class TRLBridge(GRPOTrainer):
         turn by TRL's clipping, its gradient shared by the turn's tokens (GSPO's sequence ratio, per
         turn). Environment tokens are left alone (they are out of the loss)."""
         logps, *rest = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-        if self._in_loss and rest and rest[0] is not None:
-            self._loss_entropies = rest[0]
         inputs = self._loss_inputs
         if inputs is not None and "turn_ids" in inputs:
             old = inputs.get("old_per_token_logps")
