@@ -43,7 +43,7 @@ def test_a_policy_that_reads_its_observation_has_information_one_that_ignores_it
     assert learning_signal(ignores)["diag/observation_action_information"] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_tied_groups_first_moves_and_anchor_spread():
+def test_first_moves_and_anchor_spread():
     # Group 0: one success, so not tied; its members' first moves differ (two of each).
     group0 = [
         episode(0, [("o", "Right", "start"), ("p", "Down", "mid")], success=True),
@@ -54,7 +54,6 @@ def test_tied_groups_first_moves_and_anchor_spread():
     # Group 1: every member fails with the same move: tied, first-move entropy 0, anchor tied.
     group1 = [episode(1, [("o", "Up", "start")], member=m) for m in range(4)]
     out = learning_signal(group0 + group1, advantages=np.array([1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]), gamma=0.5)
-    assert out["diag/tied_group_fraction"] == 0.5
     assert out["diag/first_move_entropy"] == pytest.approx((math.log(2) + 0.0) / 2)
     # Every turn's anchor repeats: (0, start) x4, (0, mid) x2, (1, start) x4.
     assert out["diag/repeated_anchor_rate"] == 1.0

@@ -2,10 +2,10 @@
 
 Success curves say *that* a run stalls; these say *why*. Each is computed from one generation batch
 (its episodes and the advantages the estimator gave them), needs no model call, and is the same
-for every estimator, so a GRPO run and a GiGPO run log comparable figures:
+for every estimator, so a GRPO run and a GiGPO run log comparable figures (the share of env groups
+whose returns all tie, where GRPO's advantage is 0, is ``env/zero_std_group_fraction``,
+:mod:`envhub_trl.metrics`):
 
-- ``diag/tied_group_fraction``: env groups whose returns all tie. GRPO's episode-level advantage
-  is 0 on every turn of such a group: no signal at all.
 - ``diag/anchor_return_std`` and ``diag/informative_anchor_rate``: GiGPO's step level. Over the
   turns whose anchor state (env group and ``state_key``) was visited at least twice, the mean
   spread of the discounted returns from it, and the fraction of those turns whose anchor's
@@ -74,12 +74,10 @@ def learning_signal(
     turns = [(i, turn) for i, episode in enumerate(episodes) for turn in episode.turns]
     if not turns:
         return out
-    # Env groups: tied returns, and the first move from the shared initial state.
+    # Env groups: the first move from the shared initial state.
     by_group: dict[int, list[Trajectory]] = defaultdict(list)
     for episode in episodes:
         by_group[episode.group_id].append(episode)
-    tied = [np.ptp([e.episode_return for e in members]) < 1e-8 for members in by_group.values() if len(members) > 1]
-    out["diag/tied_group_fraction"] = float(np.mean(tied)) if tied else 0.0
     first = [entropy(Counter(_action(e.turns[0]) for e in members if e.turns).values()) for members in by_group.values()]
     out["diag/first_move_entropy"] = float(np.mean(first))
     # Actions against observations, over the turns whose observation the batch shows at least
