@@ -11,6 +11,7 @@ per-step inputs, and :func:`batch_metrics` sums a batch up. The turn loop that f
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -266,18 +267,19 @@ def context_keys(trajectory: Trajectory) -> list[str]:
     """Per turn, a key of everything the policy was shown before its reply: equal keys, equal inputs.
 
     In the step layout with token ids, the windowed prompt's ids (the system message, the history
-    window and the observation); otherwise the system message and every message and reply of the
-    episode up to this turn's message (the trajectory layout's context). A baseline that depends on
-    this key alone keeps the policy gradient unbiased, since the reply cannot change it.
+    window and the observation); otherwise a digest of the system message and every message and
+    reply of the episode up to this turn's message (the trajectory layout's context), hashed as it
+    grows, so an episode costs its length once, not once per turn. A baseline that depends on this
+    key alone keeps the policy gradient unbiased, since the reply cannot change it.
     """
-    keys, seen = [], [trajectory.system]
+    keys, seen = [], hashlib.blake2b(trajectory.system.encode(), digest_size=16)
     for turn in trajectory.turns:
         if trajectory.layout == "step" and turn.input_ids:
             keys.append("ids:" + ",".join(map(str, turn.input_ids)))
         else:
-            seen.append(repr(turn.messages))
-            keys.append("\x1f".join(seen))
-        seen.append(turn.reply)
+            seen.update(b"\x1f" + repr(turn.messages).encode())
+            keys.append("context:" + seen.hexdigest())
+        seen.update(b"\x1f" + turn.reply.encode())
     return keys
 
 

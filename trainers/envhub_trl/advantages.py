@@ -120,7 +120,7 @@ def gigpo_advantages(
         state_keys: shape ``(n_steps,)``, the ``state_key`` of the state each action was taken in.
         step_weight: ω, the weight of the step-level advantage.
         gamma: γ, the discount of the step returns.
-        norm: ``"mean"`` or ``"mean_std"``, for both levels.
+        norm: ``"mean"``, ``"mean_std"`` or ``"relative"``, for both levels.
         anchor_groups: shape ``(n_steps,)``, the set each step's anchor lies in: steps anchor
             together when they share this label and their key. None: each step's env group
             (GiGPO's: the same state in two env groups stays two anchors).

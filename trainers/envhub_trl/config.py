@@ -304,7 +304,8 @@ class EnvGRPOConfig(GRPOConfig):
     step_advantage_weight: float | None = field(default=None, metadata={"help": "Alias of step_reward_weight."})
     step_gamma: float | None = field(default=None, metadata={"help": "Alias of step_reward_gamma."})
     advantage_norm: str = field(
-        default="mean_std", metadata={"help": "`mean` (subtract the group mean) or `mean_std` (also divide by the group std)."}
+        default="mean_std",
+        metadata={"help": "`mean` (subtract the group mean), `mean_std` (also divide by the group std) or `relative` (divide by the group mean, at least 0.1)."},
     )
     advantage_norm_scope: str | None = field(
         default=None,

@@ -38,6 +38,7 @@ import numpy as np
 
 from envhub.trajectory import Trajectory
 from envhub_trl.advantages import discounted_returns
+from envhub_trl.estimators import TurnBatch
 
 #: The fewest turns from one observation for it to count in the action/observation information.
 MIN_OBSERVATION_COUNT = 4
@@ -61,12 +62,14 @@ def _action(turn) -> str:
 
 
 def learning_signal(
-    episodes: Sequence[Trajectory], advantages: np.ndarray | None = None, gamma: float = 0.95
+    episodes: Sequence[Trajectory], advantages: np.ndarray | None = None, gamma: float = 0.95, batch: TurnBatch | None = None
 ) -> dict[str, float]:
     """The ``diag/`` metrics of one generation batch (see the module docstring).
 
     Args:
         episodes: the batch's episodes, with their global group ids.
+        batch: their per-turn arrays when already built (the pipeline's ``GenerationBatch.turns``);
+            None: built here.
         advantages: the per-turn advantages the estimator gave (turns in episode order), or None.
         gamma: the discount of the step returns the anchor spread is measured on (GiGPO's γ).
     """
@@ -97,24 +100,17 @@ def learning_signal(
     out["diag/action_entropy"] = marginal
     out["diag/action_entropy_given_observation"] = conditional
     out["diag/observation_action_information"] = marginal - conditional
-    # Anchor states (env group, state key): GiGPO's step-level groups.
-    rewards = np.array([turn.reward for _, turn in turns], dtype=np.float64)
-    traj = np.array([i for i, _ in turns])
-    step = np.array([turn.index for _, turn in turns])
-    returns = discounted_returns(rewards, traj, step, gamma)
-    anchors: dict[tuple[int, str], list[float]] = defaultdict(list)
-    for (i, turn), value in zip(turns, returns):
-        anchors[(episodes[i].group_id, turn.state_key)].append(float(value))
-    repeated = [values for values in anchors.values() if len(values) > 1]
-    in_repeated = sum(len(values) for values in repeated)
-    out["diag/repeated_anchor_rate"] = in_repeated / len(turns)
-    if repeated:
-        weights = np.array([len(values) for values in repeated], dtype=np.float64)
-        spreads = np.array([np.std(values) for values in repeated])
-        out["diag/anchor_return_std"] = float(np.average(spreads, weights=weights))
-        out["diag/informative_anchor_rate"] = float(np.average(spreads > 1e-8, weights=weights))
-    else:
-        out["diag/anchor_return_std"] = out["diag/informative_anchor_rate"] = 0.0
+    # Anchor states (env group, state key): GiGPO's step-level groups, from the batch's per-turn arrays.
+    turns_batch = batch if batch is not None else TurnBatch.from_trajectories(episodes)
+    returns = discounted_returns(turns_batch.rewards, turns_batch.traj_index, turns_batch.step_index, gamma)
+    keys = [f"{group}\x1f{key}" for group, key in zip(turns_batch.traj_groups[turns_batch.traj_index], turns_batch.state_keys)]
+    _, anchor, sizes = np.unique(np.array(keys), return_inverse=True, return_counts=True)
+    mean = np.bincount(anchor, weights=returns) / sizes
+    spread = np.sqrt(np.bincount(anchor, weights=(returns - mean[anchor]) ** 2) / sizes)[anchor]  # population std per turn's anchor
+    repeated = sizes[anchor] > 1
+    out["diag/repeated_anchor_rate"] = float(np.mean(repeated))
+    out["diag/anchor_return_std"] = float(np.mean(spread[repeated])) if repeated.any() else 0.0
+    out["diag/informative_anchor_rate"] = float(np.mean(spread[repeated] > 1e-8)) if repeated.any() else 0.0
     if advantages is not None and len(advantages):
         out["diag/advantage_abs_mean"] = float(np.mean(np.abs(advantages)))
     out["diag/reply_cut_rate"] = float(np.mean([turn.finish_reason == "length" for _, turn in turns]))

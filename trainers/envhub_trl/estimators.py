@@ -106,7 +106,7 @@ class EstimatorSettings:
         episode_reward_weight: the weight of the episode-level advantage (GiGPO).
         step_reward_weight: the weight of the step-level advantage (GiGPO's ω).
         step_reward_gamma: the discount of per-turn returns (GiGPO's γ, ``step_reinforce``'s).
-        norm: ``"mean"`` or ``"mean_std"``: how group-relative advantages are normalised.
+        norm: ``"mean"``, ``"mean_std"`` or ``"relative"``: how group-relative advantages are normalised.
         step_anchor: GiGPO's step-level groups. ``"state"`` (the paper's): the turns of one env
             group made in the same state (``state_key``). ``"context"``: the turns of the whole
             batch made from the same policy input (:func:`~envhub.trajectory.context_keys`, one

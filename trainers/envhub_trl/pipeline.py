@@ -285,7 +285,7 @@ def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
 
 def signal_metrics(batch: GenerationBatch, gamma: float = 0.95) -> dict[str, float]:
     """The batch's ``diag/`` metrics: why a run learns or stalls (:func:`~envhub_trl.diagnostics.learning_signal`)."""
-    return learning_signal(batch.episodes, batch.estimate.get("advantages"), gamma)
+    return learning_signal(batch.episodes, batch.estimate.get("advantages"), gamma, batch=batch.turns)
 
 
 def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:
