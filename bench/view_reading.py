@@ -129,7 +129,7 @@ def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
     }
 
 
-def oracle(folder: str, config: dict[str, Any], mode: str, steps: int, lr: float) -> list[dict[str, float]]:
+def oracle(folder: str, config: dict[str, Any], mode: str, steps: int, lr: float, entropy_coef: float = ENTROPY_COEF) -> list[dict[str, float]]:
     """Gradient steps on single decisions with exact labels (see the module docstring); the curve."""
     torch.manual_seed(0)
     model, tokenizer = load(folder, config)
@@ -176,7 +176,7 @@ def oracle(folder: str, config: dict[str, Any], mode: str, steps: int, lr: float
             loss = -(advantage * logp[rows, action]).mean()
             if mode.endswith("-entropy"):
                 moves = logp[:, move_ids].log_softmax(-1)
-                loss = loss - ENTROPY_COEF * -(moves.exp() * moves).sum(-1).mean()
+                loss = loss - entropy_coef * -(moves.exp() * moves).sum(-1).mean()
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -192,6 +192,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=ORACLE_MODES, default=list(ORACLE_MODES))
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--entropy-coef", type=float, default=ENTROPY_COEF, help="The *-entropy modes' bonus coefficient.")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
     report: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -203,10 +204,10 @@ def main() -> None:
             print(f"  {cell['count']:4d}  {view:52s} " + " ".join(f"{m}={cell[m]:.2f}" for m in MOVES))
         report.setdefault("probe", {})[folder] = figures
     if args.oracle:
-        settings = {"folder": args.oracle, "lr": args.lr, "steps": args.steps}
+        settings = {"folder": args.oracle, "lr": args.lr, "steps": args.steps, "entropy_coef": args.entropy_coef}
         earlier = report.get("oracle", {})
         curves = earlier.get("curves", {}) if all(earlier.get(k) == v for k, v in settings.items()) else {}
-        curves.update({mode: oracle(args.oracle, config, mode, args.steps, args.lr) for mode in args.modes})
+        curves.update({mode: oracle(args.oracle, config, mode, args.steps, args.lr, args.entropy_coef) for mode in args.modes})
         report["oracle"] = {**settings, "curves": curves}  # modes run earlier with the same settings are kept
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))

@@ -404,6 +404,7 @@ class EnvGroupManager:
                 invalid_reason=state.invalid_reason,
                 expert_action=slot.expert_action if self.expert_hints else None,
                 env_messages=trajectory.pending_env_messages,
+                valid_actions=slot.valid_actions,
             )
         )
         trajectory.success = info["success"]

@@ -50,6 +50,8 @@ class Turn:
             the generator asked for it (``uses_expert``), else None.
         env_messages: the messages the reply answered when they are not one user message with
             ``user`` (a tool env's ``tool`` messages, one per result); empty otherwise.
+        valid_actions: the legal actions the env offered in the state the reply was made in, or
+            None where it does not list them (free-form actions).
     """
 
     index: int
@@ -72,6 +74,7 @@ class Turn:
     invalid_reason: str | None = None
     expert_action: str | None = None
     env_messages: tuple[dict[str, str], ...] = ()
+    valid_actions: Sequence[str] | None = None
 
     @property
     def messages(self) -> list[dict[str, str]]:

@@ -823,6 +823,43 @@ def test_a_random_demonstrator_is_imitated_in_full_and_teaches_the_format_only(t
         WarmStart.from_mapping({"demonstrator": "oracle"})
 
 
+@pytest.mark.parametrize("layout", ["step", "trajectory"])
+def test_a_world_model_warm_start_learns_the_observation_each_move_led_to(tmp_path, layout):
+    """warm_start.world_model: besides the imitated replies, samples whose loss is on what the env
+    answered each move (the next observation), the move itself out of that loss."""
+    from envhub.generation import RandomGenerator
+    from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
+    from envhub_trl.warm_start import WarmStart, expert_samples
+
+    tokenizer = build_tokenizer(environment_corpus([LAKE]))
+    manager_kwargs = _config(tmp_path, max_turns=8, sample_layout=layout).manager_kwargs()
+    plain = expert_samples(tokenizer, LAKE, range(8), seed=5, demonstrator="random", **manager_kwargs)
+    both = expert_samples(tokenizer, LAKE, range(8), seed=5, demonstrator="random", world_model=True, **manager_kwargs)
+    assert both[: len(plain)] == plain
+    world = both[len(plain) :]
+    played = rollout(EnvGroupManager(LAKE, 8, 1, tokenizer=tokenizer, **manager_kwargs), RandomGenerator(5, tokenizer), seeds=list(range(8)))
+    if layout == "step":
+        pairs = [(turn, after) for t in played for turn, after in zip(t.turns, t.turns[1:])]
+        assert len(world) == len(pairs) > 8
+        for sample, (turn, after) in zip(world, pairs):
+            following = tokenizer.encode(after.observation, add_special_tokens=False)
+            assert sample.prompt_ids == list(turn.input_ids)
+            assert sample.completion_ids == list(turn.completion_ids) + following
+            assert sample.env_mask == [0] * len(turn.completion_ids) + [1] * len(following)
+    else:
+        for sample, t in zip(world, [t for t in played if t.num_turns > 1]):
+            whole = t.sample()
+            assert sample.completion_ids == whole.completion_ids
+            trained = [token for token, m in zip(sample.completion_ids, sample.env_mask) if m]
+            between = [token for k, (token, m) in enumerate(zip(whole.completion_ids, whole.env_mask)) if not m and k > whole.env_mask.index(1)]
+            assert trained == between and trained  # the env's tokens after the first reply, no reply token
+    warm = WarmStart.from_mapping({"demonstrator": "random", "world_model": True, "steps": 3, "episodes": 8})
+    assert "the observation each move led to" in warm.describe()
+    assert len(warm.run(build_model(tokenizer, seed=0), tokenizer, LAKE, seed=5, **manager_kwargs)) == 3
+    with pytest.raises(ValueError, match="world_model must be true or false"):
+        WarmStart.from_mapping({"world_model": "yes"})
+
+
 def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp_path):
     """On-policy relabelling: the student (here a random player) plays, and each prompt it answered
     becomes a sample of that exact context with the expert's reply, token for token as a
@@ -1018,3 +1055,56 @@ def test_pass_at_k_counts_a_seed_solved_when_any_of_its_k_episodes_is():
     # pass@8 is at least the mean success, and a seed counts once however many members solve it.
     assert several["success_rate"] <= several["pass_at_k"] <= min(1.0, 8 * several["success_rate"])
     assert several["pass_at_k"] * len(seeds) == int(round(several["pass_at_k"] * len(seeds)))
+
+
+def test_choice_entropies_are_the_legal_first_tokens_renormalised_entropy():
+    from envhub_trl.trainer import choice_entropies
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 6, bias=False)
+    hidden = torch.randn(2, 5, 4, requires_grad=True)
+    inputs = {
+        "choice_positions": torch.tensor([[1, 3], [2, 0]]),
+        "choice_tokens": torch.tensor([[[0, 2, 5], [1, 4, 0]], [[3, 5, 0], [0, 0, 0]]]),
+        "choice_mask": torch.tensor([[[1.0, 1, 1], [1, 1, 0]], [[1, 1, 0], [0, 0, 0]]]),
+    }
+    entropy, points = choice_entropies(head, hidden, inputs, temperature=0.5)
+    assert points.tolist() == [[True, True], [True, False]]
+    logits = head(hidden) / 0.5
+    for (row, k), ids in {(0, 0): [0, 2, 5], (0, 1): [1, 4], (1, 0): [3, 5]}.items():
+        p = torch.softmax(logits[row, inputs["choice_positions"][row, k], ids], -1)
+        assert float(entropy[row, k].detach()) == pytest.approx(float(-(p * p.log()).sum()), rel=1e-5)
+    assert float(entropy[1, 1]) == 0.0
+    entropy[points].sum().backward()
+    assert torch.isfinite(hidden.grad).all()
+    assert hidden.grad[0, 1].abs().sum() > 0 and hidden.grad[0, 0].abs().sum() == 0  # only the choice positions
+    assert head.weight.grad[[0, 1, 2, 3, 4, 5]].abs().sum(-1).gt(0).tolist() == [True, True, True, True, True, True]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_action_entropy_bonus_reads_each_turns_choice_where_its_action_begins(tiny, tmp_path, layout):
+    """2 steps with ``action_entropy_coef``: every choice point sits just before the first token of
+    a valid turn's action, its tokens are the four moves' first tokens, and the loss logs the
+    choice's entropy (at most log 4)."""
+    config = _config(tmp_path, sample_layout=layout, max_turns=5, format_penalty=-0.1, action_entropy_coef=0.1)
+    trainer, _, batches = spied_run(tiny, config)
+    moves = sorted({trainer.first_token(m) for m in ("Left", "Down", "Right", "Up")})
+    assert len(moves) == 4
+    seen = 0
+    for spied in batches:
+        output = spied["output"]
+        sequence = torch.cat([output["prompt_ids"], output["completion_ids"]], 1)
+        valid = sum(turn.action_is_valid for t in spied["trajectories"] for turn in t.turns)
+        for row in range(len(sequence)):
+            for k in range(output["choice_positions"].shape[1]):
+                mask = output["choice_mask"][row, k].bool()
+                if not mask.any():
+                    continue
+                seen += 1
+                assert sorted(output["choice_tokens"][row, k][mask].tolist()) == moves
+                assert int(sequence[row, int(output["choice_positions"][row, k]) + 1]) in moves
+        assert valid > 0
+    assert seen > 0
+    logged = [entry["policy/action_entropy"] for entry in trainer.state.log_history if "policy/action_entropy" in entry]
+    assert logged and all(0.0 < value <= np.log(4) + 1e-6 for value in logged)

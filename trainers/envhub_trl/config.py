@@ -108,6 +108,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "step_reward_weight": NON_NEGATIVE,
     "step_reward_gamma": UNIT,
     "kl_coef": NON_NEGATIVE,
+    "action_entropy_coef": NON_NEGATIVE,
     "gamma": UNIT,
     "lam": UNIT,
     "vf_coef": NON_NEGATIVE,
@@ -278,6 +279,16 @@ class EnvGRPOConfig(GRPOConfig):
     episode_reward_weight: float = field(default=1.0, metadata={"help": "The weight of GiGPO's episode-level advantage (ROLL's name)."})
     step_reward_weight: float = field(default=1.0, metadata={"help": "ω: the weight of GiGPO's step-level advantage (ROLL's name)."})
     step_reward_gamma: float = field(default=0.95, metadata={"help": "γ: the discount of per-turn returns (GiGPO, step_reinforce; ROLL's name)."})
+    action_entropy_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "An entropy bonus on each turn's choice between its legal actions alone: the loss less this times "
+            "the mean entropy of the policy's distribution over the legal actions' first tokens, renormalised, at the "
+            "token where the reply's action begins (not the whole vocabulary, not the reply format's tokens). Keeps the "
+            "moves' distribution from saturating on a marginal before the policy learns to read its observation "
+            "(docs/results-rl-alone.md). Envs that do not list their legal actions get no bonus."
+        },
+    )
     step_anchor: str = field(
         default="state",
         metadata={

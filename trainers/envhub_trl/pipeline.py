@@ -235,6 +235,68 @@ def spread(batch: GenerationBatch, width: int) -> GenerationBatch:
     return dataclasses.replace(batch, advantages=advantages)
 
 
+def action_offset(completion_ids: Sequence[int], action: str, decode: Callable[[list[int]], str]) -> int | None:
+    """The index in ``completion_ids`` of the token that begins ``action``'s spelling: its first
+    occurrence after the reply's first ``>`` (the end of an ``<answer>`` tag), else its first
+    occurrence; None when the reply does not spell it."""
+    pieces = [decode([token]) for token in completion_ids]
+    text = "".join(pieces)
+    begin = text.find(action, text.find(">") + 1)
+    if begin < 0:
+        begin = text.find(action)
+    if begin < 0:
+        return None
+    position = 0
+    for k, piece in enumerate(pieces):
+        if position + len(piece) > begin:
+            return k
+        position += len(piece)
+    return None
+
+
+def choice_points(
+    batch: GenerationBatch, prompt_width: int, first_token: Callable[[str], int | None], decode: Callable[[list[int]], str]
+) -> dict[str, torch.Tensor]:
+    """Where each turn chose between its legal actions, for an entropy bonus on that choice alone
+    (``action_entropy_coef``): per row and turn, the position in the (left-padded prompt +
+    completion) sequence whose hidden state predicts the first token of the reply's action, and the
+    distinct first tokens of the turn's legal actions (``first_token`` of each), padded, with a mask.
+
+    A turn makes no choice point when its reply named no legal action, its env does not list its
+    legal actions, the legal actions all begin with one token, or the reply spells its action's
+    first token otherwise than ``first_token`` does (a context-dependent tokenisation). Legal
+    actions that share a first token count as one choice.
+
+    Returns:
+        ``choice_positions`` ``(rows, k)``, ``choice_tokens`` ``(rows, k, m)`` and ``choice_mask``
+        ``(rows, k, m)`` (1 on a real token; a choice point is a ``k`` slot with any).
+    """
+    rows: list[list[tuple[int, list[int]]]] = []
+    for sample, starts in zip(batch.samples, batch.turn_starts):
+        points = []
+        for turn_index, start in sorted(starts.items()):
+            turn = batch.episodes[sample.trajectory_index].turns[turn_index]
+            if not turn.action_is_valid or not turn.action or not turn.valid_actions:
+                continue
+            tokens = list(dict.fromkeys(t for t in map(first_token, turn.valid_actions) if t is not None))
+            offset = action_offset(turn.completion_ids, turn.action, decode)
+            if len(tokens) < 2 or offset is None or turn.completion_ids[offset] != first_token(turn.action):
+                continue
+            points.append((prompt_width + start + offset - 1, tokens))
+        rows.append(points)
+    k = max(map(len, rows), default=0) or 1
+    m = max((len(tokens) for points in rows for _, tokens in points), default=0) or 1
+    positions = torch.zeros(len(rows), k, dtype=torch.long)
+    tokens = torch.zeros(len(rows), k, m, dtype=torch.long)
+    mask = torch.zeros(len(rows), k, m)
+    for row, points in enumerate(rows):
+        for j, (position, ids) in enumerate(points):
+            positions[row, j] = position
+            tokens[row, j, : len(ids)] = torch.tensor(ids)
+            mask[row, j, : len(ids)] = 1.0
+    return {"choice_positions": positions, "choice_tokens": tokens, "choice_mask": mask}
+
+
 def turn_id_matrix(batch: GenerationBatch, width: int) -> np.ndarray:
     """``(rows, width)``: the turn of each completion token (0 past a row's end), for the loss's
     per-turn importance ratio (``ratio_type="segment"``)."""

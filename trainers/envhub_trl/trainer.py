@@ -57,6 +57,23 @@ def seed_dataset(num_seeds: int) -> Dataset:
     return Dataset.from_dict({"prompt": [f"env seed {s}" for s in seeds], "env_seed": seeds})
 
 
+def choice_entropies(head: Any, hidden: torch.Tensor, inputs: dict[str, Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entropy of each choice point's distribution over its legal first tokens
+    (:func:`~envhub_trl.pipeline.choice_points`), renormalised: the output layer ``head`` applied to
+    the final hidden states ``(rows, length, size)`` at the points alone, for those tokens alone.
+    Returns ``(entropies, points)``, each ``(rows, k)``; ``points`` marks the real choice points."""
+    positions, tokens, mask = inputs["choice_positions"], inputs["choice_tokens"], inputs["choice_mask"]
+    states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (rows, k, size)
+    logits = torch.einsum("rkh,rkmh->rkm", states, head.weight[tokens].to(states.dtype))
+    if getattr(head, "bias", None) is not None:
+        logits = logits + head.bias[tokens]
+    logits = (logits.float() / temperature).masked_fill(mask == 0, float("-inf"))
+    points = mask.sum(-1) > 0
+    logp = torch.log_softmax(logits.masked_fill(~points.unsqueeze(-1), 0.0), -1)
+    entropy = -(logp.exp() * logp.masked_fill(mask == 0, 0.0)).sum(-1)
+    return entropy, points
+
+
 class EnvGRPOTrainer(TRLBridge):
     """GRPO/GiGPO on an envhub environment; needs no dataset (prompts are env seeds).
 
@@ -275,6 +292,9 @@ class EnvGRPOTrainer(TRLBridge):
             output.update({name: value.to(device) for name, value in pipeline.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
         if args.ratio_type == "segment":
             output["turn_ids"] = torch.tensor(pipeline.turn_id_matrix(batch, width), device=device)
+        if args.action_entropy_coef:
+            points = pipeline.choice_points(batch, output["prompt_ids"].shape[1], self.first_token, self.processing_class.decode)
+            output.update({name: value.to(device) for name, value in points.items()})
         self.log_row_advantages(pipeline.row_advantage_means(batch))
         self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
         self.log_metrics(mode, pipeline.signal_metrics(batch, args.step_reward_gamma))
@@ -320,17 +340,37 @@ class EnvGRPOTrainer(TRLBridge):
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn
         (:meth:`~envhub_trl.trl_bridge.TRLBridge.loss_inputs`); PPO adds its clipped value loss."""
+        choices = "choice_positions" in inputs
         with self.loss_inputs(inputs):
-            if self.value_head is None:
+            if self.value_head is None and not choices:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             with captured_hidden_states(model) as hidden:
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-            values = read_values(self.value_head, hidden[-1], inputs["value_positions"])
-            value_loss = clipped_value_loss(values, inputs["old_values"], inputs["value_returns"], inputs["value_mask"], self.args.cliprange_value)
             mode = "train" if self.model.training else "eval"
-            self.log_metrics(mode, {"critic/value_loss": float(value_loss.detach())})
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            return loss + self.args.vf_coef * value_loss / scale
+            states = hidden[-1] if len(hidden) == 1 else torch.cat(hidden)  # TRL may score the rows in chunks
+            if self.value_head is not None:
+                values = read_values(self.value_head, states, inputs["value_positions"])
+                value_loss = clipped_value_loss(values, inputs["old_values"], inputs["value_returns"], inputs["value_mask"], self.args.cliprange_value)
+                self.log_metrics(mode, {"critic/value_loss": float(value_loss.detach())})
+                loss = loss + self.args.vf_coef * value_loss / scale
+            if choices:
+                head = self.accelerator.unwrap_model(model).get_output_embeddings()
+                entropy, points = choice_entropies(head, states, inputs, self.temperature)
+                if points.any():
+                    mean = entropy[points].mean()
+                    self.log_metrics(mode, {"policy/action_entropy": float(mean.detach())})
+                    loss = loss - self.args.action_entropy_coef * mean / scale
+            return loss
+
+    def first_token(self, action: str) -> int | None:
+        """The first token of ``action``'s spelling (cached): where an ``action_entropy_coef``
+        choice point reads the action's probability."""
+        cache = self.__dict__.setdefault("_first_tokens", {})
+        if action not in cache:
+            ids = self.processing_class.encode(action, add_special_tokens=False)
+            cache[action] = int(ids[0]) if ids else None
+        return cache[action]
 
     def create_optimizer(self, model: Any = None) -> Any:
         """``transformers.Trainer``'s optimizer, with PPO's value head as one more parameter group

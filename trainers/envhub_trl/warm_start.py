@@ -34,6 +34,7 @@ def expert_samples(
     seed: int = 0,
     demonstrator: str = "expert",
     mapping_share: float = 1.0,
+    world_model: bool = False,
     **manager_kwargs: Any,
 ) -> list[Sample]:
     """The demonstrator's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
@@ -53,6 +54,9 @@ def expert_samples(
     (:class:`~envhub.generation.RandomMappingGenerator`, keyed with ``seed``), every move imitated:
     still nothing of the task (uniform moves across observations), but each move depends on what
     was shown, so the model learns to read its observation, as an instruct model does.
+
+    ``world_model``: besides, the samples of :func:`world_model_samples`: after each move, the
+    observation it led to, learnt as the env's answer.
     """
     if demonstrator not in DEMONSTRATORS:
         raise ValueError(f"unknown demonstrator {demonstrator!r}; choose one of {list(DEMONSTRATORS)}")
@@ -72,6 +76,39 @@ def expert_samples(
         mask = [int(m and imitated[turn]) for m, turn in zip(sample.env_mask, sample.turn_ids)]
         if any(mask):
             samples.append(dataclasses.replace(sample, env_mask=mask))
+    return samples + (world_model_samples(trajectories, tokenizer) if world_model else [])
+
+
+def world_model_samples(trajectories: Sequence[Trajectory], tokenizer: Any) -> list[Sample]:
+    """Samples that teach what each move does: the loss on the observation that followed a move,
+    given the context and the move (a world model, as SPA's cold start, Chen et al. 2025; no
+    oracle, any demonstrator's moves will do). To predict where a move leads, a model has to read
+    the observation it was made in, which imitating a random mover never asks of it.
+
+    In the step layout, one sample per turn that has a next one: its prompt, its reply (out of
+    the loss) and the next observation's tokens (in it). In the trajectory layout, the episode's
+    sample with the loss on the environment's tokens after the first reply instead of on the
+    replies. Episodes' last observations are not kept, so a final move teaches nothing.
+    """
+    samples = []
+    for trajectory in trajectories:
+        if not trajectory.turns:
+            continue
+        if trajectory.layout == "trajectory":
+            sample = trajectory.sample()
+            first = sample.env_mask.index(1) if 1 in sample.env_mask else len(sample.env_mask)
+            mask = [int(k > first and not model) for k, model in enumerate(sample.env_mask)]
+            if any(mask):
+                samples.append(dataclasses.replace(sample, env_mask=mask))
+            continue
+        for sample, turn, after in zip(trajectory.step_samples(), trajectory.turns, trajectory.turns[1:]):
+            following = tokenizer.encode(after.observation, add_special_tokens=False)
+            samples.append(
+                dataclasses.replace(
+                    sample, completion_ids=sample.completion_ids + following, env_mask=[0] * len(turn.completion_ids) + [1] * len(following),
+                    logprobs=sample.logprobs + [0.0] * len(following), turn_ids=sample.turn_ids + [turn.index] * len(following),
+                )
+            )
     return samples
 
 
@@ -224,6 +261,10 @@ class WarmStart:
         mapping_share: with ``random-mapping``, how often the mapping picks the move (otherwise a
             uniformly random legal move, imitated too): below 1, each observation's moves follow a
             random distribution instead of one move, and the start keeps exploring.
+        world_model: also learn, after each demonstrated move, the observation it led to
+            (:func:`world_model_samples`; as many samples again, drawn from one pool). With a
+            format-only demonstrator the start still knows nothing of the task, but it reads
+            its observation.
         steps: AdamW steps of cross-entropy on the demonstrator's replies (0: no warm start).
         episodes: demonstrator episodes, on training seeds ``0 .. episodes - 1``.
         learning_rate: the AdamW learning rate. At 1e-3 the tiny model fitted the moves to the
@@ -257,6 +298,7 @@ class WarmStart:
 
     demonstrator: str = "expert"
     mapping_share: float = 1.0
+    world_model: bool = False
     steps: int = 0
     episodes: int = 512
     learning_rate: float = 3e-4
@@ -275,7 +317,9 @@ class WarmStart:
             raise ValueError(f"warm_start.demonstrator must be one of {list(DEMONSTRATORS)}, got {self.demonstrator!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"warm_start.lr_schedule must be one of {list(LR_SCHEDULES)}, got {self.lr_schedule!r}")
-        kinds = {f.name: int if f.type in ("int", int) else float for f in dataclasses.fields(self) if f.type not in ("str", str)}
+        if not isinstance(self.world_model, bool):
+            raise ValueError(f"warm_start.world_model must be true or false, got {self.world_model!r}")
+        kinds = {f.name: int if f.type in ("int", int) else float for f in dataclasses.fields(self) if f.type not in ("str", str, "bool", bool)}
         for name, kind in kinds.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
@@ -313,7 +357,7 @@ class WarmStart:
             raise ValueError(f"unknown warm_start keys {unknown}; known: {sorted(known)}")
         converted = {}
         for key, value in values.items():
-            if isinstance(value, str) and key not in ("lr_schedule", "demonstrator"):
+            if isinstance(value, str) and key not in ("lr_schedule", "demonstrator", "world_model"):
                 try:
                     value = float(value)
                 except ValueError:
@@ -352,7 +396,7 @@ class WarmStart:
             for env_id, manager_kwargs in envs
             for sample in expert_samples(
                 tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator,
-                mapping_share=self.mapping_share, **manager_kwargs
+                mapping_share=self.mapping_share, world_model=self.world_model, **manager_kwargs
             )
         ]
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
@@ -397,4 +441,5 @@ class WarmStart:
         steps = f"{self.steps} supervised step{'' if self.steps == 1 else 's'}"
         who = {"expert": "expert", "random": "random-mover (format-only)", "random-mapping": "random-mapping (format-only)"}[self.demonstrator]
         episodes = f"{self.episodes} {who} episode{'' if self.episodes == 1 else 's'}"
-        return f"{steps}{schedule} on {episodes}{noise}{dagger}"
+        world = ", and the observation each move led to" if self.world_model else ""
+        return f"{steps}{schedule} on {episodes}{world}{noise}{dagger}"
