@@ -212,3 +212,38 @@ def test_turn_id_matrix_is_each_completion_tokens_turn():
     matrix = pipeline.turn_id_matrix(batch, width=7)
     assert matrix[0].tolist() == [0, 0, 0, 1, 1, 0, 0]
     assert matrix[1].tolist() == [0] * 7
+
+
+@pytest.mark.parametrize("layout", ["step", "trajectory"])
+def test_choice_points_sit_before_the_first_token_of_each_valid_turns_action(layout):
+    # Replies "<answer", ">", then the action's tokens, then "</answer>"; legal actions' first tokens 3..6.
+    vocab = {1: "<answer", 2: ">", 3: "Do", 4: "wn", 5: "Up", 6: "Le", 7: "ft", 8: "</answer>", 9: "Ri", 10: "ght", 11: ">Up"}
+    decode = lambda ids: "".join(vocab.get(i, "~") for i in ids)  # noqa: E731  (prompt tokens decode to "~")
+    first = {"Down": 3, "Up": 5, "Left": 6, "Right": 9, "Upper": 5}.get
+    legal = ("Left", "Down", "Right", "Up")
+    assert pipeline.action_offset([1, 2, 3, 4, 8], "Down", decode) == 2
+    assert pipeline.action_offset([1, 11, 8], "Up", decode) == 1  # the token ">Up" begins it
+    assert pipeline.action_offset([1, 2, 5, 8], "Down", decode) is None
+    ep = episode([0.0, 0.0, 0.0, 0.0, 1.0], layout=layout, reply=5)
+    replies = [
+        ([1, 2, 3, 4, 8], "Down", True, legal),  # a choice at its "Do"
+        ([1, 2, 5, 8, 8], "Up", False, legal),  # an invalid reply: none
+        ([1, 2, 6, 7, 8], "Left", True, None),  # an env that lists no legal actions: none
+        ([1, 11, 8, 8, 8], "Up", True, legal),  # spelled with another first token in context: none
+        ([1, 2, 5, 8, 8], "Up", True, ("Up", "Upper", "Down")),  # "Up" and "Upper" are one choice
+    ]
+    for k, (ids, action, valid, offered) in enumerate(replies):
+        ep.turns[k] = dataclasses.replace(ep.turns[k], completion_ids=ids, action=action, action_is_valid=valid, valid_actions=offered)
+    batch = pipeline.to_rows(pipeline.gather([ep], group_size=1), rows_for([ep]), layout=layout, decode=decode)
+    width = 3  # every prompt: 3 tokens
+    points = pipeline.choice_points(batch, width, first, decode)
+    mask = points["choice_mask"].bool()
+    found = [
+        (row, int(points["choice_positions"][row, k]), sorted(points["choice_tokens"][row, k][mask[row, k]].tolist()))
+        for row in range(mask.shape[0]) for k in range(mask.shape[1]) if mask[row, k].any()
+    ]
+    starts = batch.turn_starts
+    if layout == "step":  # one row a turn: turns 0 and 4
+        assert found == [(0, width + 2 - 1, [3, 5, 6, 9]), (4, width + 2 - 1, [3, 5])]
+    else:  # one row: each turn's reply starts where turn_starts says
+        assert found == [(0, width + starts[0][0] + 1, [3, 5, 6, 9]), (0, width + starts[0][4] + 1, [3, 5])]

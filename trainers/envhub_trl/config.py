@@ -283,8 +283,9 @@ class EnvGRPOConfig(GRPOConfig):
         default=0.0,
         metadata={
             "help": "An entropy bonus on each turn's choice between its legal actions alone: the loss less this times "
-            "the mean entropy of the policy's distribution over the legal actions' first tokens, renormalised, at the "
-            "token where the reply's action begins (not the whole vocabulary, not the reply format's tokens). Keeps the "
+            "the entropy of the policy's distribution over the legal actions' first tokens, renormalised, at the token "
+            "where the reply's action begins (not the whole vocabulary, not the reply format's tokens), weighted as the "
+            "policy loss weighs that token (summed over the micro-batch's choices, divided by its model tokens). Keeps the "
             "moves' distribution from saturating on a marginal before the policy learns to read its observation "
             "(docs/results-rl-alone.md). Envs that do not list their legal actions get no bonus."
         },

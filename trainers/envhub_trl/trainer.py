@@ -358,9 +358,11 @@ class EnvGRPOTrainer(TRLBridge):
                 head = self.accelerator.unwrap_model(model).get_output_embeddings()
                 entropy, points = choice_entropies(head, states, inputs, self.temperature)
                 if points.any():
-                    mean = entropy[points].mean()
-                    self.log_metrics(mode, {"policy/action_entropy": float(mean.detach())})
-                    loss = loss - self.args.action_entropy_coef * mean / scale
+                    # Weighted as the policy loss weighs a token (over the micro-batch's model tokens), so
+                    # the coefficient keeps its meaning against the advantage whatever the replies' length.
+                    tokens = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
+                    self.log_metrics(mode, {"policy/action_entropy": float(entropy[points].mean().detach())})
+                    loss = loss - self.args.action_entropy_coef * entropy[points].sum() / tokens.sum().clamp(min=1.0) / scale
             return loss
 
     def first_token(self, action: str) -> int | None:
