@@ -21,8 +21,17 @@ moves' distribution alone, :data:`ENTROPY_COEF`), ``noisy-std-entropy`` (the sam
 ``noisy-std``). It prints held-out agreement with the expert's move and
 the mean probability of it every 10 steps.
 
+``--credit``: where each estimator's credit goes when the policy is blind to its view, as RL's
+policies end (Down and Right, one half each, whatever the view: ``--probe`` of the RL runs). On
+batches of the run's size (8 groups of 8 episodes, ``--batches`` of them, no model), the mean
+advantage of each move in views with a hole below or to the right and in views without one, and
+for the hole views the gap between the safe move's and the hole move's advantage with its
+t-statistic in one batch: how clearly one batch says "read the hole". GiGPO (``state`` and
+``context`` anchors) and GRPO.
+
     python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --probe init OUT/final
     python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --oracle OUT/final
+    python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --credit
 
 Writes bench/results/view_reading.json (the parts run).
 """
@@ -43,7 +52,9 @@ import numpy as np
 import torch
 import yaml
 
-from envhub.generation import RandomGenerator
+from envhub.generation import Completion, Prompt, RandomGenerator, SamplingParams
+from envhub.manager import EnvGroupManager
+from envhub_trl import pipeline
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.warm_start import relabelled_samples
 
@@ -184,6 +195,51 @@ def oracle(folder: str, config: dict[str, Any], mode: str, steps: int, lr: float
     return curve
 
 
+class BlindPolicy:
+    """Down or Right, one half each, whatever the prompt (seeded): a view-blind policy."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def generate(self, prompts: list[Prompt], sampling: SamplingParams) -> list[Completion]:
+        return [Completion([], [], f"<answer>{'Down' if self.rng.random() < 0.5 else 'Right'}</answer>") for _ in prompts]
+
+
+def credit(config: dict[str, Any], batches: int) -> dict[str, Any]:
+    """Each estimator's advantages on a blind policy's batches, by view and move (module docstring)."""
+    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
+    report = {}
+    for name, estimator, anchor in (("gigpo, state anchors", "gigpo", "state"), ("gigpo, context anchors", "gigpo", "context"), ("grpo", "grpo", "state")):
+        args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none", "advantage_estimator": estimator, "step_anchor": anchor})
+        groups, size = args.groups_per_step, args.num_generations
+        advantages: dict[tuple[str, str], list[float]] = defaultdict(list)
+        for b in range(batches):
+            play = {**args.manager_kwargs(), "max_prompt_tokens": None}  # text alone, no tokenizer
+            with EnvGroupManager(args.env_id, groups, size, **play) as manager:
+                local, _ = pipeline.play(manager, BlindPolicy(b), SamplingParams(), seeds=list(range(b * groups, (b + 1) * groups)))
+            batch = pipeline.estimate(pipeline.gather(local, group_size=size), estimator, args.estimator_settings())
+            turns = [turn for episode in batch.episodes for turn in episode.turns]
+            for turn, advantage in zip(turns, batch.estimate["advantages"]):
+                view = turn.observation.split("\n")[-1]
+                where = "hole below" if "Down: hole" in view else "hole to the right" if "Right: hole" in view else "no hole"
+                advantages[(where, turn.action)].append(float(advantage))
+        cells = {f"{where}, {move}": {"n": len(a), "mean": float(np.mean(a)), "sd": float(np.std(a))} for (where, move), a in sorted(advantages.items())}
+        gaps = {}
+        for where, safe, hole in (("hole below", "Right", "Down"), ("hole to the right", "Down", "Right")):
+            good, bad = np.array(advantages[(where, safe)]), np.array(advantages[(where, hole)])
+            gap = float(good.mean() - bad.mean())
+            error = float(np.sqrt(good.var() / len(good) + bad.var() / len(bad)) * np.sqrt(batches))  # one batch's
+            gaps[where] = {"gap": gap, "decisions_a_batch": (len(good) + len(bad)) / batches, "t_a_batch": gap / error}
+        report[name] = {"cells": cells, "gaps": gaps}
+        print(f"{name}:")
+        for cell, figures in cells.items():
+            print(f"  {cell:>26}: n={figures['n']:5d}  mean advantage {figures['mean']:+.3f}  sd {figures['sd']:.3f}")
+        for where, figures in gaps.items():
+            print(f"  {where}: safe move's advantage less the hole move's {figures['gap']:+.3f}; "
+                  f"{figures['decisions_a_batch']:.0f} such decisions a batch, t = {figures['t_a_batch']:.1f} in one batch")
+    return {"batches": batches, **report}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True, help="The run's config (a bench/learning YAML or an envhub train config).")
@@ -192,6 +248,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=ORACLE_MODES, default=list(ORACLE_MODES))
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--credit", action="store_true", help="Where each estimator's credit goes for a view-blind policy.")
+    parser.add_argument("--batches", type=int, default=20, help="--credit: batches of the run's size.")
     parser.add_argument("--entropy-coef", type=float, default=ENTROPY_COEF, help="The *-entropy modes' bonus coefficient.")
     args = parser.parse_args()
     config = yaml.safe_load(args.config.read_text())
@@ -209,6 +267,8 @@ def main() -> None:
         curves = earlier.get("curves", {}) if all(earlier.get(k) == v for k, v in settings.items()) else {}
         curves.update({mode: oracle(args.oracle, config, mode, args.steps, args.lr, args.entropy_coef) for mode in args.modes})
         report["oracle"] = {**settings, "curves": curves}  # modes run earlier with the same settings are kept
+    if args.credit:
+        report["credit"] = credit(config, args.batches)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2))
     print(f"\n{RESULTS}")
