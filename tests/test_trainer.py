@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from envhub.generation import ExpertGenerator, Prompt, SamplingParams  # noqa: E402
@@ -744,6 +745,17 @@ def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
     assert isinstance(values["learning_rate"], float)
     result = CliRunner().invoke(cli, ["train", "--config", str(config), "--output-dir", str(tmp_path / "out"), "learning_rate=fast"])
     assert result.exit_code == 1 and "learning_rate must be a number, got 'fast'" in result.output
+
+
+def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_boolean(tmp_path):
+    from envhub_trl.train_command import load_config_file
+
+    values = load_config_file(None, ["save_strategy=no", "eval_strategy=no", "use_cpu=true", "bf16=no"])
+    assert values == {"save_strategy": "no", "eval_strategy": "no", "use_cpu": True, "bf16": False}
+    config = tmp_path / "run.yaml"
+    config.write_text("save_strategy: no\n")  # a file is YAML: unquoted, the word is a boolean; the error says so
+    with pytest.raises(click.ClickException, match="save_strategy must be .* got False .*quote the word"):
+        load_config_file(str(config))
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ def load_config_file(path: str | None, overrides: tuple[str, ...] | list[str] = 
 
     try:
         values = read_yaml_mapping(path) if path is not None else {}
-        values = apply_overrides(values, overrides)
+        values = apply_overrides(values, overrides, EnvGRPOConfig)
         return check_values(values, EnvGRPOConfig, extra=RUN_KEYS, source=path or "config")
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
