@@ -445,9 +445,11 @@ def _check_listen_address(host: str, port: int) -> None:
               help="Seconds a session may send nothing before it is closed and its slot freed.")
 @click.option("--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT, show_default=True,
               help="Seconds one reset or step may take before its session gets an error, is closed and its slot freed.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="The largest HTTP request body read; a larger one is answered 413.")
 def serve(
     env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any],
-    idle_timeout: float, step_timeout: float,
+    idle_timeout: float, step_timeout: float, max_body_bytes: int,
 ) -> None:
     """Serve ENV_ID over OpenEnv's HTTP/WebSocket protocol, one environment per client session.
 
@@ -461,7 +463,8 @@ def serve(
         raise click.ClickException(str(exc)) from exc
     try:
         app = create_app(env_id, max_turns=max_turns, action_format=None if action_format == "none" else action_format,
-                         env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout)
+                         env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout,
+                         max_body_bytes=max_body_bytes)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs) or '(none)'}: {exc}") from exc
     _check_listen_address(host, port)
@@ -477,7 +480,7 @@ def serve(
     session_log.setLevel(logging.INFO)
     click.echo(
         f"serving {env_id} on http://{host}:{port} (OpenEnv protocol, up to {max_sessions} sessions; "
-        f"idle timeout {idle_timeout:g} s, step timeout {step_timeout:g} s)",
+        f"idle timeout {idle_timeout:g} s, step timeout {step_timeout:g} s, HTTP bodies up to {max_body_bytes} bytes)",
         err=True,
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")

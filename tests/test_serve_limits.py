@@ -131,6 +131,43 @@ def test_http_step_answers_400_naming_the_websocket_route(envs):
             assert "/ws" in json.loads(caught.value.read())["detail"]
 
 
+def _post(address: str, path: str, body: bytes, *, chunked: bool = False) -> tuple[int, bytes]:
+    """POST ``body`` over a real connection (with a Content-Length, or in chunks without one)."""
+    import http.client
+
+    connection = http.client.HTTPConnection(address, timeout=PATIENCE_S)
+    try:
+        chunks = (body[i : i + 4096] for i in range(0, len(body), 4096)) if chunked else body
+        connection.request("POST", path, body=chunks, headers={"content-type": "application/json"}, encode_chunked=chunked)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_http_body_over_the_limit_is_answered_413_and_one_under_it_is_served(envs, chunked):
+    with serving(FLAKY, max_body_bytes=4096) as address:
+        small = json.dumps({"seed": 0}).encode()
+        status, body = _post(address, "/reset", small, chunked=chunked)
+        assert status == 200 and "observation" in json.loads(body)
+        large = json.dumps({"seed": 0, "padding": "x" * 64_000}).encode()
+        status, body = _post(address, "/reset", large, chunked=chunked)
+        assert status == 413 and "limit of 4096 bytes" in json.loads(body)["detail"]
+        assert _post(address, "/reset", small, chunked=chunked)[0] == 200  # the server goes on
+
+
+def test_the_default_http_body_limit_is_one_mebibyte(envs):
+    with serving(FLAKY) as address:
+        status, body = _post(address, "/reset", json.dumps({"seed": 0, "padding": "x" * (1 << 20)}).encode())
+        assert status == 413 and f"limit of {1 << 20} bytes" in json.loads(body)["detail"]
+
+
+def test_serve_refuses_a_body_limit_that_is_not_positive():
+    result = CliRunner().invoke(cli, ["serve", "frozenlake/FrozenLake-v0", "--max-body-bytes", "0"])
+    assert result.exit_code == 2 and "Invalid value for '--max-body-bytes'" in result.output
+
+
 def test_a_client_that_goes_away_is_one_log_line(envs, caplog):
     caplog.set_level(logging.INFO)
     with serving(FLAKY) as address:
