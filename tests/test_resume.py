@@ -178,10 +178,16 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
 
 
 def _fake_checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
+    """A checkpoint folder of whole files (weights, optimizer, trainer state), as the Trainer leaves
+    one; ``complete=False``: without the trainer state it writes last."""
+    from safetensors.torch import save_file
+
     checkpoint = folder / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
+    save_file({"weight": torch.full((64, 64), float(step))}, str(checkpoint / "model.safetensors"))
+    torch.save({"state": {0: {"exp_avg": torch.ones(64, 64)}}}, checkpoint / "optimizer.pt")
     if complete:
-        (checkpoint / run_state.TRAINER_STATE_FILE).write_text("{}")
+        (checkpoint / run_state.TRAINER_STATE_FILE).write_text(json.dumps({"global_step": step, "max_steps": 10}))
     return checkpoint
 
 
@@ -213,6 +219,8 @@ def test_a_new_run_into_an_earlier_runs_checkpoints_is_refused_unless_asked(tmp_
         run_state.prepare_output_dir(tmp_path, resume=True, overwrite=True)
     (tmp_path / "final").mkdir()
     assert run_state.prepare_output_dir(tmp_path, overwrite=True) is None
+    assert (tmp_path / "checkpoint-4").is_dir()  # the caller clears once the new run has loaded
+    run_state.clear_run(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # the run's outputs gone, nothing else
 
 
