@@ -7,6 +7,7 @@ hook; they are attached the first time the group resolves a command.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -196,6 +197,18 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _valid_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None: JSON has no such numbers, and a
+    reader's parser refuses the ``NaN`` Python would write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _valid_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_valid_json(item) for item in value]
+    return value
+
+
 #: ``--render FILE`` suffixes written as one picture of each episode's last frame.
 STILL_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -314,6 +327,8 @@ def play_episode(
     }
     if trajectory.error is not None:
         record["error"] = trajectory.error
+    if not all(math.isfinite(s.reward) for s in steps):  # written as null in JSON
+        record["nonfinite_reward"] = True
     if echo:
         if trajectory.error is not None:
             click.echo(f"--- the environment failed: {trajectory.error}")
@@ -382,7 +397,7 @@ def run(
             raise _start_error(exc, env_id, env_kwargs, render_path is not None) from None
         results.append(record)
         if as_json:
-            click.echo(json.dumps(record, default=str))
+            click.echo(json.dumps(_valid_json(record), default=str, allow_nan=False))
         if getattr(chosen, "stopped", False):  # the person quit, or their input ended
             if i + 1 < episodes:
                 click.echo(f"stopped after {_count(i + 1, 'episode')} of {episodes}", err=True)
