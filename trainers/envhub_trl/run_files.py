@@ -4,8 +4,8 @@ apart from a whole one before anything loads it.
 Writing: a folder (a ``checkpoint-N``, ``final/``) is written under a staging name beside its own
 (:func:`partial_path`), every file is flushed to the disk, a manifest of the files and their sizes
 (``envhub_files.json``) is added, and only then is it renamed to its name (:func:`commit`); a
-single file (``results.json``) is written beside its name and renamed over it
-(:func:`write_text`). A process killed at any moment leaves either the whole new folder or file, or
+single file (``results.json``, ``validation-best.pt``) is written beside its name and renamed over
+it (:func:`write_file`). A process killed at any moment leaves either the whole new folder or file, or
 the old one and a staging leftover that no reader takes for a checkpoint. A write that fails for
 lack of room (a full disk, a quota, ``ulimit -f``) becomes :class:`~envhub.error.OutOfSpace`, one
 line naming the path, the space it needed and the space free (:func:`out_of_space`).
@@ -26,7 +26,7 @@ import resource
 import shutil
 import struct
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from envhub.error import OutOfSpace
@@ -99,21 +99,24 @@ def commit(path: str | Path) -> Path:
     return path
 
 
-def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all: beside it under a staging name, flushed, then
-    renamed over it."""
+def write_file(path: str | Path, write: Callable[[Path], object]) -> None:
+    """Write the file ``path`` whole or not at all: ``write`` writes it under a staging name beside
+    it, which is flushed, then renamed over it."""
     path = Path(path)
     staging = path.with_name(f"{PARTIAL_PREFIX}{path.name}")
     try:
-        with open(staging, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(staging)
+        _fsync(staging)
         os.replace(staging, path)
     except BaseException:
         staging.unlink(missing_ok=True)
         raise
     _fsync(path.parent)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (:func:`write_file`)."""
+    write_file(path, lambda staging: staging.write_text(text, encoding="utf-8"))
 
 
 @contextlib.contextmanager

@@ -499,7 +499,8 @@ def _sampling_text(args: Any) -> str:
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.option("--resume", "resume", is_flag=False, flag_value="last", default=None, metavar="[CHECKPOINT]",
               help="Continue the run in --output-dir from its last checkpoint-N (or from CHECKPOINT), with the same config.")
-@click.option("--overwrite", is_flag=True, help="Start afresh in an --output-dir that holds an earlier run (its checkpoints and results are removed).")
+@click.option("--overwrite", is_flag=True,
+              help="Start afresh in an --output-dir that holds an earlier run (once the new run has loaded, the earlier run's checkpoint-N folders, final/ and results are removed; nothing else).")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
@@ -511,8 +512,9 @@ def train_command(
     learning_rate=1e-5 warm_start.steps=100), with the same type checks.
 
     With checkpoints (save_strategy: steps), --resume continues an interrupted run to the figures
-    the uninterrupted one would have given; a new run into a folder that holds an earlier run's
-    checkpoints is refused unless --resume or --overwrite is given."""
+    the uninterrupted one would have given, from its last whole checkpoint; a new run into a folder
+    that holds an earlier run's checkpoints is refused unless --resume or --overwrite is given, and
+    one run at a time may use a folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if resume not in (None, "last") and "=" in resume and not Path(resume).exists():
         # `--resume max_steps=9`: a bare --resume followed by an override, not a checkpoint path.
