@@ -125,6 +125,8 @@ def room_errors(path: str | Path, need_bytes: int, then: str) -> Iterator[None]:
     :class:`~envhub.error.OutOfSpace` (see :func:`out_of_space`) instead; other errors pass."""
     try:
         yield
+    except OutOfSpace:  # an inner write's, which named its own path
+        raise
     except Exception as exc:
         problem = out_of_space(exc, path, need_bytes, then)
         if problem is None:
@@ -169,7 +171,8 @@ def out_of_space(exc: BaseException, path: str | Path, need_bytes: int, then: st
 
     Room is what failed when ``exc`` (or an exception it came from) carries a no-room errno, in an
     ``OSError`` or in the words of a writer that does not raise one; or, for a writer that lost
-    the errno (``torch.save`` raises "file write failed"), an ``OSError`` or ``RuntimeError`` when
+    the errno (``torch.save`` raises a ``RuntimeError``: "file write failed", "unexpected pos"),
+    an ``OSError`` or ``RuntimeError`` when
     less than ``need_bytes`` is free on the path's file system, or the process's file size limit
     is below it.
     """
