@@ -186,7 +186,8 @@ def best_open_loop(
 
     Raises:
         ValueError: with no seeds or a beam width below 1.
-        PolicyError: when the environment has no finite action list, or no turn limit at all.
+        PolicyError: when the environment has no finite action list, or no turn limit at all, or
+            it raises (at reset or in a step): no sequence can be scored on it.
     """
     if not seeds:
         raise ValueError("best_open_loop needs at least one seed")
@@ -198,6 +199,10 @@ def best_open_loop(
     gc.disable()
     try:
         return _search(env, seeds, max_turns, env_kwargs, beam_width)
+    except PolicyError:
+        raise
+    except Exception as exc:  # the env's own failure: as in a rollout, it ends what it was playing
+        raise PolicyError(f"the open-loop search cannot play the environment: it raised {type(exc).__name__}: {exc}") from exc
     finally:
         if collecting:
             gc.enable()
@@ -274,11 +279,15 @@ def optimal_success_rate(
     env: EnvSource, seeds: Sequence[int], max_turns: int | None = None, env_kwargs: Mapping[str, Any] | None = None
 ) -> float | None:
     """The mean over ``seeds`` of ``optimal_success_probability()`` at reset, or None where any
-    episode does not know its limit (see :meth:`envhub.core.TextEnv.optimal_success_probability`)."""
+    episode does not know its limit (see :meth:`envhub.core.TextEnv.optimal_success_probability`)
+    or its env raises at reset."""
     made = _builder(env, max_turns, env_kwargs)()
     values = []
     for seed in seeds:
-        made.reset(seed=int(seed))
+        try:
+            made.reset(seed=int(seed))
+        except Exception:  # the env's own failure: no optimum to know
+            return None
         value = made.optimal_success_probability()
         if value is None:
             return None

@@ -7,6 +7,7 @@ hook; they are attached the first time the group resolves a command.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -196,6 +197,18 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _valid_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite number as None: JSON has no such numbers, and a
+    reader's parser refuses the ``NaN`` Python would write."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _valid_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_valid_json(item) for item in value]
+    return value
+
+
 #: ``--render FILE`` suffixes written as one picture of each episode's last frame.
 STILL_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -314,6 +327,8 @@ def play_episode(
     }
     if trajectory.error is not None:
         record["error"] = trajectory.error
+    if not all(math.isfinite(s.reward) for s in steps):  # written as null in JSON
+        record["nonfinite_reward"] = True
     if echo:
         if trajectory.error is not None:
             click.echo(f"--- the environment failed: {trajectory.error}")
@@ -382,7 +397,7 @@ def run(
             raise _start_error(exc, env_id, env_kwargs, render_path is not None) from None
         results.append(record)
         if as_json:
-            click.echo(json.dumps(record, default=str))
+            click.echo(json.dumps(_valid_json(record), default=str, allow_nan=False))
         if getattr(chosen, "stopped", False):  # the person quit, or their input ended
             if i + 1 < episodes:
                 click.echo(f"stopped after {_count(i + 1, 'episode')} of {episodes}", err=True)
@@ -445,9 +460,11 @@ def _check_listen_address(host: str, port: int) -> None:
               help="Seconds a session may send nothing before it is closed and its slot freed.")
 @click.option("--step-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_STEP_TIMEOUT, show_default=True,
               help="Seconds one reset or step may take before its session gets an error, is closed and its slot freed.")
+@click.option("--max-body-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="The largest HTTP request body read; a larger one is answered 413.")
 def serve(
     env_id: str, host: str, port: int, max_sessions: int, action_format: str, max_turns: int | None, env_kwargs: dict[str, Any],
-    idle_timeout: float, step_timeout: float,
+    idle_timeout: float, step_timeout: float, max_body_bytes: int,
 ) -> None:
     """Serve ENV_ID over OpenEnv's HTTP/WebSocket protocol, one environment per client session.
 
@@ -461,7 +478,8 @@ def serve(
         raise click.ClickException(str(exc)) from exc
     try:
         app = create_app(env_id, max_turns=max_turns, action_format=None if action_format == "none" else action_format,
-                         env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout)
+                         env_kwargs=env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout,
+                         max_body_bytes=max_body_bytes)
     except (TypeError, ValueError) as exc:
         raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs) or '(none)'}: {exc}") from exc
     _check_listen_address(host, port)
@@ -477,7 +495,7 @@ def serve(
     session_log.setLevel(logging.INFO)
     click.echo(
         f"serving {env_id} on http://{host}:{port} (OpenEnv protocol, up to {max_sessions} sessions; "
-        f"idle timeout {idle_timeout:g} s, step timeout {step_timeout:g} s)",
+        f"idle timeout {idle_timeout:g} s, step timeout {step_timeout:g} s, HTTP bodies up to {max_body_bytes} bytes)",
         err=True,
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -64,3 +64,22 @@ class ResumeError(EnvhubError, ValueError):
 
 class GeneratorOptionError(EnvhubError, ValueError):
     """A generator option (``generator_kwargs``) that the chosen backend does not take."""
+
+
+class OutputLocked(EnvhubError):
+    """An output folder is in use by another running training run; the message names it (PID and host)."""
+
+
+class OutOfSpace(EnvhubError):
+    """A write failed for lack of room (a full disk, a quota, a file size limit); the message names
+    the path, the space it needed and what is still whole."""
+
+
+class DamagedFiles(EnvhubError, ValueError):
+    """A model or checkpoint folder whose files are cut short or unreadable (a write that did not
+    finish); the message names the file and what is wrong with it."""
+
+
+class NonFiniteReward(EnvhubError, ValueError):
+    """An environment gave a NaN or infinite reward, which training cannot use; the message names
+    the env and the episode."""

@@ -115,6 +115,31 @@ class SlowEnv(FlakyEnv):
         return super()._step(action)
 
 
+class FailingEnv(FlakyEnv):
+    """:class:`FlakyEnv` whose env breaks on some seeds: it raises at reset on seeds 0 mod 4 and on
+    the first step on seeds 1 mod 4, as an env behind a flaky server would."""
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if self.np_random_seed % 4 == 0:
+            raise ConnectionError("cannot reset: the env's server is down")
+        self.first_step = True
+        return super()._reset(options)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        if self.first_step and self.np_random_seed % 4 == 1:
+            raise ConnectionError("lost the env's server on the first turn")
+        self.first_step = False
+        return super()._step(action)
+
+
+class NanRewardEnv(FlakyEnv):
+    """:class:`FlakyEnv` whose ``Win`` pays a NaN reward."""
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        observation, reward, terminated, info = super()._step(action)
+        return observation, float("nan") if action == "Win" else reward, terminated, info
+
+
 class CharTokenizer:
     """A torch-free stand-in for a Hugging Face tokenizer: one token per character, ChatML specials."""
 

@@ -273,3 +273,19 @@ def test_run_reports_an_env_that_fails_mid_episode_and_one_that_cannot_start():
         result = CliRunner().invoke(cli, ["run", "test/Flaky-v0", "--seed", str(BAD_SEED)])
         assert result.exit_code == 1 and "test/Flaky-v0 could not start: RuntimeError: cannot reset with the bad seed" in result.output
         assert "Traceback" not in result.output
+
+
+def test_run_json_writes_a_nonfinite_reward_as_null_with_a_flag():
+    from helper_envs import registered
+
+    with registered("test/NanReward-v0", "helper_envs:NanRewardEnv", max_turns=5):
+        output = invoke("run", "test/NanReward-v0", "--policy", "expert", "--json").stdout
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    record = json.loads(output, parse_constant=refuse)  # NaN, Infinity: not JSON
+    assert record["return"] is None and record["nonfinite_reward"] is True
+    assert record["transcript"][-1]["reward"] is None and record["turns"] == 1
+    clean = json.loads(invoke("run", ENV, "--policy", "expert", "--json").stdout)
+    assert "nonfinite_reward" not in clean and clean["return"] == 1.0

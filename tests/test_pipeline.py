@@ -77,6 +77,92 @@ def test_gather_refuses_an_episode_without_a_turn():
         pipeline.gather([episode([1.0]), empty], group_size=2)
 
 
+def failed(seed=0, error="ConnectionError: cannot reset: the env's server is down at env.py:12", rewards=()):
+    """An episode whose env raised: at reset (no turn), or after ``rewards``' turns."""
+    played = episode(list(rewards), seed=seed) if rewards else None
+    return Trajectory(
+        env_id="test/Env-v0", group_id=0, member=0, seed=seed, index=0, end_reason="error", error=error,
+        turns=played.turns if played else [],
+    )
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_a_failed_episode_is_set_aside_and_its_group_goes_on_with_the_members_left(layout):
+    """Group 0 loses a member at reset, group 1 one mid-episode (its turns do not count either):
+    each goes on as a group of one, whose GRPO advantage is 0; the failed rows are masked."""
+    local = [episode([1.0], layout=layout), failed(), episode([2.0, 0.0], layout=layout), failed(rewards=[5.0])]
+    if layout == "step":
+        local[3] = dataclasses.replace(local[3], layout="step", turns=episode([5.0], layout="step").turns)
+    batch = pipeline.gather(local, group_size=2)
+    assert batch.aside.tolist() == [False, True, False, True] and batch.keep.tolist() == [True, False, True, False]
+    assert [len(t.turns) for t in batch.episodes] == [1, 0, 2, 0] and [t.error is not None for t in batch.episodes] == [False, True, False, True]
+    np.testing.assert_array_equal(batch.turns.traj_groups, [0, 5, 1, 7])  # the failed ones in groups of their own
+    batch = pipeline.spread(pipeline.estimate(pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=str), "grpo"), 8)
+    assert not batch.estimate["advantages"].any()  # two groups of one
+    assert not batch.advantages.any()
+    played_rows = [s.trajectory_index for s in batch.samples if s.trajectory_index >= 0]
+    assert sorted(set(played_rows)) == [0, 2]
+    assert all(not any(mask) for mask, s in zip(batch.columns["env_mask"], batch.samples) if s.trajectory_index < 0)
+    if layout == "trajectory":
+        assert len(batch.rows) == 4 and batch.columns["episode_return"] == [1.0, None, 2.0, None]
+    metrics = pipeline.env_metrics(batch)
+    assert metrics["env/error_rate"] == 0.5 and metrics["env/nonfinite_reward_episodes"] == 0.0
+    assert metrics["env/success_rate"] == 0.0 and metrics["env/mean_turns"] == 1.5  # over the two played episodes
+
+
+def test_a_failed_episode_is_in_no_statistic_of_the_batch():
+    """With batch-wide normalisation too, the advantages are those of the batch without the failed episode."""
+    settings = EstimatorSettings(norm_scope="batch")
+    without = pipeline.estimate(pipeline.gather([episode([1.0]), episode([0.0]), episode([3.0]), episode([1.0])], group_size=2), "grpo", settings)
+    local = [episode([1.0]), episode([0.0]), episode([3.0]), episode([1.0]), failed(), failed()]
+    with_failures = pipeline.estimate(pipeline.gather(local, group_size=2, max_error_rate=0.5), "grpo", settings)
+    np.testing.assert_allclose(with_failures.estimate["advantages"], without.estimate["advantages"])
+
+
+def test_more_failed_episodes_than_the_run_allows_stop_it_naming_the_envs_exception():
+    local = [episode([1.0]), failed(seed=4), failed(seed=4), failed(seed=5, rewards=[1.0])]
+    with pytest.raises(RolloutError) as caught:
+        pipeline.gather(local, group_size=2)
+    message = str(caught.value)
+    assert message == (
+        "3 of 4 episodes of the batch failed, more than max_env_error_rate=0.5 allows; e.g. test/Env-v0 (seed 4): "
+        "ConnectionError: cannot reset: the env's server is down at env.py:12"
+    )
+    assert "max_prompt_tokens" not in message
+    assert pipeline.gather(local, group_size=2, max_error_rate=0.75).aside.sum() == 3
+    with pytest.raises(RolloutError, match="1 of 4 episodes"):
+        pipeline.gather([episode([1.0]), failed(), episode([1.0]), episode([0.0])], group_size=2, max_error_rate=0.0)
+
+
+def test_a_nonfinite_reward_is_refused_naming_env_and_episode_or_dropped_and_counted():
+    from envhub.error import NonFiniteReward
+
+    local = [episode([1.0], env_id="test/Nan-v0"), episode([0.0, float("nan")], seed=9, env_id="test/Nan-v0")]
+    with pytest.raises(NonFiniteReward) as caught:
+        pipeline.gather(local, group_size=2)
+    assert str(caught.value) == (
+        "test/Nan-v0 gave a non-finite reward (nan) at turn 1 of episode 1 (seed 9); fix the env's reward, "
+        "or set nonfinite_rewards: drop to leave such episodes out of training"
+    )
+    local.append(episode([float("inf")], env_id="test/Nan-v0"))
+    local.append(episode([0.5], env_id="test/Nan-v0"))
+    batch = pipeline.gather(local, group_size=2, nonfinite_rewards="drop")
+    assert batch.aside.tolist() == [False, True, True, False]
+    batch = pipeline.estimate(pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory"), "grpo")
+    assert np.isfinite(batch.estimate["advantages"]).all()
+    assert batch.columns["episode_return"] == [1.0, None, None, 0.5]
+    metrics = pipeline.env_metrics(batch)
+    assert metrics["env/nonfinite_reward_episodes"] == 2.0 and metrics["env/error_rate"] == 0.0
+    assert np.isfinite(list(metrics.values())).all()
+
+
+def test_a_process_whose_episodes_all_failed_still_gives_masked_rows():
+    for layout in ("trajectory", "step"):
+        batch = pipeline.gather([failed(), failed()], group_size=2, collect=lambda mine: mine + [episode([1.0], layout=layout)] * 2, max_error_rate=0.5)
+        batch = pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=str, row_multiple=2)
+        assert len(batch.samples) == 2 and all(s.trajectory_index == -1 and not any(s.env_mask) for s in batch.samples)
+
+
 def test_the_batch_is_a_frozen_value_each_stage_returns_a_new_one():
     batch = pipeline.gather([episode([1.0]), episode([0.0])], group_size=2)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from click.testing import CliRunner  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
 from envhub.error import ResumeError  # noqa: E402
-from envhub_trl import run_state  # noqa: E402
+from envhub_trl import run_files, run_state  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from trl_helpers import HalfExpert  # noqa: E402
 
@@ -178,10 +179,16 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
 
 
 def _fake_checkpoint(folder: Path, step: int, complete: bool = True) -> Path:
+    """A checkpoint folder of whole files (weights, optimizer, trainer state), as the Trainer leaves
+    one; ``complete=False``: without the trainer state it writes last."""
+    from safetensors.torch import save_file
+
     checkpoint = folder / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
+    save_file({"weight": torch.full((64, 64), float(step))}, str(checkpoint / "model.safetensors"))
+    torch.save({"state": {0: {"exp_avg": torch.ones(64, 64)}}}, checkpoint / "optimizer.pt")
     if complete:
-        (checkpoint / run_state.TRAINER_STATE_FILE).write_text("{}")
+        (checkpoint / run_state.TRAINER_STATE_FILE).write_text(json.dumps({"global_step": step, "max_steps": 10}))
     return checkpoint
 
 
@@ -213,6 +220,8 @@ def test_a_new_run_into_an_earlier_runs_checkpoints_is_refused_unless_asked(tmp_
         run_state.prepare_output_dir(tmp_path, resume=True, overwrite=True)
     (tmp_path / "final").mkdir()
     assert run_state.prepare_output_dir(tmp_path, overwrite=True) is None
+    assert (tmp_path / "checkpoint-4").is_dir()  # the caller clears once the new run has loaded
+    run_state.clear_run(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # the run's outputs gone, nothing else
 
 
@@ -368,3 +377,118 @@ def test_train_command_overwrite_starts_afresh(cli_runs, tmp_path):
     assert "resuming" not in fresh.stderr
     assert json.loads((cut / "checkpoint-1" / run_state.RECORD_FILE).read_text())["config"]["max_steps"] == 1
     assert _results(cut)["rl_steps"] == 1
+
+
+# ---------------------------------------------------------------------------------------- finished runs, kills and full disks (issue 43)
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_resume_of_a_finished_run_says_so_and_changes_nothing(cli_runs, tmp_path):
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    done = tmp_path / "done"
+    shutil.copytree(folder / "whole", done)
+    before = _tree(done)
+    resumed = CliRunner().invoke(cli, [*command, str(done), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"{done} holds a finished run (results.json): there is nothing to resume, and nothing was changed" in resumed.stderr
+    assert "RL phase (3 steps" in resumed.stdout  # its table, from its results.json
+    assert _tree(done) == before
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_writing_its_final_model_resumes_to_no_step_past_max_steps(cli_runs, tmp_path):
+    """Killed after its last checkpoint, while ``final/`` was written: the resume trains no step
+    (the Trainer's loop trained a fourth of three) and ends with the uninterrupted run's weights."""
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    cut = tmp_path / "cut"
+    shutil.copytree(folder / "whole", cut)
+    shutil.rmtree(cut / "final")
+    (cut / "results.json").unlink()
+    staging = run_files.partial_path(cut / "final")
+    staging.mkdir(parents=True)
+    (staging / "model.safetensors").write_bytes(b"half a model")
+    resumed = CliRunner().invoke(cli, [*command, str(cut), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from {cut / 'checkpoint-3'}" in resumed.stderr
+    assert not (cut / "checkpoint-4").exists() and not staging.parent.exists()
+    assert _results(cut) == _results(folder / "whole")
+    assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
+
+
+@pytest.mark.slow
+def test_a_run_sigkilled_while_writing_a_checkpoint_resumes_from_the_last_whole_one(cli_runs, tmp_path):
+    """A real SIGKILL halfway through checkpoint-2's trainer state: the half-written checkpoint is
+    never taken for one (it was taken, and its state did not parse), and the resume from
+    checkpoint-1 ends with the uninterrupted run's figures and weights."""
+    import signal
+    import subprocess
+    import sys
+
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    cut = tmp_path / "cut"
+    script = Path(__file__).parent / "scripts" / "train_killed_mid_write.py"
+    killed = subprocess.run([sys.executable, str(script), "2", *command, str(cut)], capture_output=True, text=True, timeout=1200)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert run_state.checkpoints(cut) == [cut / "checkpoint-1"] and not (cut / "results.json").exists()
+    resumed = CliRunner().invoke(cli, [*command, str(cut), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"resuming from {cut / 'checkpoint-1'}" in resumed.stderr
+    assert not [p for p in cut.iterdir() if p.name.startswith(".envhub-partial")]  # the killed write's leftover is gone
+    assert _results(cut) == _results(folder / "whole")
+    assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs mounted at ``tmp_path/disk`` (root only, where mounting works); yields a function
+    that sets its size in bytes (remount), and unmounts it at the end."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("needs root and tmpfs mounts")
+
+    def resize(size: int) -> Path:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+        return disk
+
+    try:
+        yield resize
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_is_one_line_and_the_last_checkpoint_stays_whole(cli_runs, small_disk):
+    """On a tmpfs with room for one checkpoint and a half: checkpoint-2 does not fit. One line
+    names it and the space; no results.json claims a finished run; checkpoint-1 is whole and, with
+    room again, --resume takes it (the resumes above show where one goes from there)."""
+    from envhub.cli import cli
+
+    folder, command = cli_runs
+    size = run_files.folder_bytes(folder / "whole" / "checkpoint-1")
+    out = small_disk(int(size * 1.6) // 4096 * 4096) / "out"
+    full = CliRunner().invoke(cli, [*command, str(out)])
+    assert full.exit_code == 1 and isinstance(full.exception, SystemExit), full.output
+    message = full.output.strip().splitlines()[-1]
+    assert message.startswith(f"Error: cannot write {out / 'checkpoint-2'}: no space left on the device (it needs about "), message
+    assert message.endswith("free); free some space; checkpoint-1 is whole and --resume continues from it"), message
+    assert "Traceback" not in full.output
+    assert not (out / "results.json").exists() and not (out / "final").exists()
+    assert run_state.checkpoints(out) == [out / "checkpoint-1"] and run_state.checkpoint_damage(out / "checkpoint-1") is None
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no partial write, no lock left
+    small_disk(256 << 20)
+    assert run_state.prepare_output_dir(out, resume=True) == out / "checkpoint-1"
+    saved = AutoModelForCausalLM.from_pretrained(out / "checkpoint-1").state_dict()
+    assert _max_difference(saved, AutoModelForCausalLM.from_pretrained(folder / "whole" / "checkpoint-1").state_dict()) <= 1e-6

@@ -131,6 +131,51 @@ def test_http_step_answers_400_naming_the_websocket_route(envs):
             assert "/ws" in json.loads(caught.value.read())["detail"]
 
 
+def _post(address: str, path: str, body: bytes, *, chunked: bool = False) -> tuple[int, bytes]:
+    """POST ``body`` over a real socket (with a Content-Length, or in 4 kB chunks without one) and
+    read the answer; a server that answers before the whole body is sent may close its end early."""
+    import http.client
+
+    host, port = address.split(":")
+    if chunked:
+        framing = b"transfer-encoding: chunked"
+        payload = b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + 4096]), body[i : i + 4096]) for i in range(0, len(body), 4096)) + b"0\r\n\r\n"
+    else:
+        framing, payload = b"content-length: %d" % len(body), body
+    request = b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n%s\r\n\r\n" % (path.encode(), host.encode(), framing)
+    with socket.create_connection((host, int(port)), timeout=PATIENCE_S) as connection:
+        try:
+            connection.sendall(request + payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading it all
+        response = http.client.HTTPResponse(connection)
+        response.begin()
+        return response.status, response.read()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_http_body_over_the_limit_is_answered_413_and_one_under_it_is_served(envs, chunked):
+    with serving(FLAKY, max_body_bytes=4096) as address:
+        small = json.dumps({"seed": 0}).encode()
+        status, body = _post(address, "/reset", small, chunked=chunked)
+        assert status == 200 and "observation" in json.loads(body)
+        large = json.dumps({"seed": 0, "padding": "x" * 64_000}).encode()
+        status, body = _post(address, "/reset", large, chunked=chunked)
+        assert status == 413 and "limit of 4096 bytes" in json.loads(body)["detail"]
+        assert _post(address, "/reset", small, chunked=chunked)[0] == 200  # the server goes on
+
+
+def test_the_default_http_body_limit_is_one_mebibyte(envs):
+    with serving(FLAKY) as address:
+        status, body = _post(address, "/reset", json.dumps({"seed": 0, "padding": "x" * (1 << 20)}).encode())
+        assert status == 413 and f"limit of {1 << 20} bytes" in json.loads(body)["detail"]
+
+
+def test_serve_refuses_a_body_limit_that_is_not_positive():
+    result = CliRunner().invoke(cli, ["serve", "frozenlake/FrozenLake-v0", "--max-body-bytes", "0"])
+    assert result.exit_code == 2 and "Invalid value for '--max-body-bytes'" in result.output
+
+
 def test_a_client_that_goes_away_is_one_log_line(envs, caplog):
     caplog.set_level(logging.INFO)
     with serving(FLAKY) as address:

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
+import click  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from envhub.generation import ExpertGenerator, Prompt, SamplingParams  # noqa: E402
@@ -746,6 +747,17 @@ def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
     assert result.exit_code == 1 and "learning_rate must be a number, got 'fast'" in result.output
 
 
+def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_boolean(tmp_path):
+    from envhub_trl.train_command import load_config_file
+
+    values = load_config_file(None, ["save_strategy=no", "eval_strategy=no", "use_cpu=true", "bf16=no"])
+    assert values == {"save_strategy": "no", "eval_strategy": "no", "use_cpu": True, "bf16": False}
+    config = tmp_path / "run.yaml"
+    config.write_text("save_strategy: no\n")  # a file is YAML: unquoted, the word is a boolean; the error says so
+    with pytest.raises(click.ClickException, match="save_strategy must be .* got False .*quote the word"):
+        load_config_file(str(config))
+
+
 @pytest.mark.parametrize(
     ("warm_start", "message"),
     [
@@ -1108,3 +1120,82 @@ def test_action_entropy_bonus_reads_each_turns_choice_where_its_action_begins(ti
     assert seen > 0
     logged = [entry["policy/action_entropy"] for entry in trainer.state.log_history if "policy/action_entropy" in entry]
     assert logged and all(0.0 < value <= np.log(4) + 1e-6 for value in logged)
+
+
+# ---------------------------------------------------------------------------------------- failing envs and rewards (issue 43)
+
+SMALL_RUN = (
+    "max_turns: 3\ngroups_per_step: 4\ngroup_size: 2\nper_device_train_batch_size: 8\nmax_steps: 2\nmax_turn_tokens: 6\n"
+    "num_train_seeds: 8\neval_episodes: 1\nsave_strategy: steps\nsave_steps: 2\nlogging_steps: 1\ndisable_tqdm: true\nseed: 1\n"
+)
+
+
+def _train(tmp_path, env_id, *overrides):
+    from envhub.cli import cli
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "run.yaml"
+    config.write_text(SMALL_RUN)
+    out = tmp_path / "out"
+    command = ["train", "--env", env_id, "--model", "tiny", "--algo", "grpo", "--config", str(config), "--output-dir", str(out), *overrides]
+    return CliRunner().invoke(cli, command), out
+
+
+def _logged(out, key):
+    log = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    return [entry[key] for entry in log if key in entry]
+
+
+def test_the_tiny_models_vocabulary_is_built_from_an_env_that_raises():
+    from helper_envs import registered
+
+    from envhub_trl.tiny import environment_corpus
+
+    with registered("test/Failing-v0", "helper_envs:FailingEnv", max_turns=3):
+        text = "".join(environment_corpus(["test/Failing-v0"], seeds=4))
+    assert "Say Ok to count, Win to finish." in text  # the system message
+    assert text.count("<answer>Win</answer>") == 3  # seed 0 fails at reset; 1 on its first step, after its reply
+
+
+@pytest.mark.slow
+def test_a_failing_env_ends_only_its_own_episodes_and_the_run_stops_past_the_threshold(tmp_path):
+    """An env that raises at reset on some seeds and on the first turn on others: the tiny model's
+    vocabulary is built all the same, the failed episodes are left out and logged, and the run
+    trains on; with no failure allowed it stops in one line naming the env's exception."""
+    from helper_envs import registered
+
+    with registered("test/Failing-v0", "helper_envs:FailingEnv", max_turns=3):
+        result, out = _train(tmp_path / "on", "test/Failing-v0", "max_env_error_rate=0.9")
+        assert result.exit_code == 0, result.output
+        rates = _logged(out, "env/error_rate")
+        assert len(rates) == 2 and any(0 < rate < 1 for rate in rates), rates
+        assert "episodes of the batch were left out of training, e.g. test/Failing-v0 (seed " in result.stderr
+        assert "ConnectionError: " in result.stderr and "max_prompt_tokens" not in result.output
+        assert json.loads((out / "results.json").read_text())["rl_steps"] == 2
+
+        stopped, out = _train(tmp_path / "off", "test/Failing-v0", "max_env_error_rate=0")
+    assert stopped.exit_code == 1 and "Traceback" not in stopped.output, stopped.output
+    line = stopped.output.strip().splitlines()[-1]
+    assert " episodes of the batch failed, more than max_env_error_rate=0 allows; e.g. test/Failing-v0 (seed " in line
+    assert "ConnectionError: cannot reset: the env's server is down" in line or "ConnectionError: lost the env's server" in line
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_a_nonfinite_reward_stops_training_in_one_line_or_is_dropped_and_counted(tmp_path):
+    from helper_envs import registered
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    with registered("test/NanReward-v0", "helper_envs:NanRewardEnv", max_turns=3), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(EnvGRPOTrainer, "_build_generator", lambda self, model: HalfExpert(model, self.processing_class))  # the expert wins: NaN
+        refused, out = _train(tmp_path / "refused", "test/NanReward-v0")
+        assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+        line = refused.output.strip().splitlines()[-1]
+        assert line.startswith("Error: test/NanReward-v0 gave a non-finite reward (nan) at turn 0 of episode "), line
+        assert line.endswith("or set nonfinite_rewards: drop to leave such episodes out of training"), line
+        dropped, out = _train(tmp_path / "dropped", "test/NanReward-v0", "nonfinite_rewards=drop", "max_env_error_rate=1")
+    assert dropped.exit_code == 0, dropped.output
+    counts = _logged(out, "env/nonfinite_reward_episodes")
+    assert len(counts) == 2 and all(count > 0 for count in counts), counts
+    assert all(np.isfinite(loss) for loss in _logged(out, "loss"))

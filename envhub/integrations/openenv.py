@@ -27,6 +27,9 @@ by OpenEnv's handler, so that no client can exhaust the server:
 - a frame that is not a JSON object gets an error and the session goes on;
 - a client that goes away is logged in one line.
 
+Every HTTP request body is limited to ``max_body_bytes`` (1 MiB by default, ``--max-body-bytes``):
+a larger one is answered 413 without being read past the limit.
+
 Sessions live only on the WebSocket: ``POST /step`` answers 400 naming ``/ws`` (each HTTP request
 would meet a fresh environment that was never reset), and ``POST /reset`` plays nothing either (it
 shows a first observation and forgets it).
@@ -71,10 +74,13 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where openenv-core is absent
     raise MissingDependency(f"envhub.integrations.openenv needs OpenEnv: pip install 'envhub[openenv]' ({exc})") from exc
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "EnvhubEnvironment", "EnvhubState", "TextAction", "TextObservation", "create_app"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_BODY_BYTES", "EnvhubEnvironment", "EnvhubState", "TextAction", "TextObservation", "create_app"]
 
 #: Seconds a WebSocket session may stay silent before the server closes it (``--idle-timeout``).
 DEFAULT_IDLE_TIMEOUT = 600.0
+
+#: The largest HTTP request body the server reads, in bytes (``--max-body-bytes``).
+DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 #: Session events (a client gone, a session closed for silence or a stuck step), one line each.
 log = logging.getLogger("envhub.serve")
@@ -370,6 +376,52 @@ def _session_routes(
                 await _quietly(websocket.close())
 
 
+class _BodyLimit:
+    """ASGI middleware: an HTTP request whose body is over ``limit`` bytes gets 413, read no further
+    than the limit (one that declares a longer ``Content-Length`` is refused before its first byte;
+    one sent in chunks is held up to the limit, then passed on whole)."""
+
+    def __init__(self, app: Any, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Callable[[], Any], send: Callable[[Any], Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:  # the HTTP parser holds the body to its declared length
+            if declared.strip().isdigit() and int(declared) > self.limit:
+                await self._refuse(send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            if not message.get("more_body"):
+                break
+        whole = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay() -> Any:
+            return whole.pop() if whole else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Callable[[Any], Any]) -> None:
+        body = json.dumps({"detail": f"the request body is over this server's limit of {self.limit} bytes (envhub serve --max-body-bytes)"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
 async def _quietly(send: Any) -> None:
     """Await a send or close to a client that may have gone meanwhile (that is no error)."""
     try:
@@ -387,6 +439,7 @@ def create_app(
     max_sessions: int = 64,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     step_timeout: float = DEFAULT_STEP_TIMEOUT,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> Any:
     """OpenEnv's FastAPI app serving ``env_id``, one environment per WebSocket session.
 
@@ -398,6 +451,7 @@ def create_app(
         max_sessions: WebSocket sessions at once; one more is refused with ``CAPACITY_REACHED``.
         idle_timeout: seconds a session may send nothing before it is closed.
         step_timeout: seconds one reset or step may take before its session is closed.
+        max_body_bytes: the largest HTTP request body read; a larger one is answered 413.
 
     Raises:
         UnknownEnv: when no environment is registered under ``env_id``.
@@ -407,9 +461,12 @@ def create_app(
         raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
     if not idle_timeout > 0 or not step_timeout > 0:
         raise ValueError(f"idle_timeout and step_timeout must be > 0 seconds, got {idle_timeout} and {step_timeout}")
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes must be at least 1, got {max_body_bytes}")
     settings = {"env_id": env_id, "max_turns": max_turns, "action_format": action_format, "env_kwargs": dict(env_kwargs or {})}
     EnvhubEnvironment(**settings).close()  # refuse an unknown id or bad keywords before serving
     factory = functools.partial(EnvhubEnvironment, **settings)
     app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
     _session_routes(app, factory, max_sessions=max_sessions, idle_timeout=idle_timeout, step_timeout=step_timeout)
+    app.add_middleware(_BodyLimit, limit=max_body_bytes)
     return app

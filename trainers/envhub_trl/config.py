@@ -31,6 +31,10 @@ Advantages:
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S).
+Failing environments:
+    ``max_env_error_rate`` (an env that raises ends its episode alone, which is left out of the
+    batch; the run stops when more of a batch's episodes fail), ``nonfinite_rewards`` (``refuse``
+    or ``drop`` NaN and infinite rewards).
 Evaluation:
     ``eval_episodes`` and ``eval_seed_offset``: the held-out seeds of ``EnvGRPOTrainer.evaluate_env``;
     ``eval_sampled`` (also the sampled policy, not only the greedy one); ``eval_max_invalid_streak``
@@ -114,6 +118,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "vf_coef": NON_NEGATIVE,
     "cliprange_value": POSITIVE,
     "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
+    "max_env_error_rate": UNIT,
     "beta": NON_NEGATIVE,
     "epsilon": NON_NEGATIVE,
     "epsilon_high": NON_NEGATIVE,
@@ -332,6 +337,20 @@ class EnvGRPOConfig(GRPOConfig):
     )
     keep_group_fraction: float = field(
         default=1.0, metadata={"help": "Keep this top fraction of groups by return std (RAGEN's StarPO-S); 1.0 keeps all."}
+    )
+    max_env_error_rate: float = field(
+        default=0.5,
+        metadata={
+            "help": "An env that raises (at reset or in a step) ends its own episode, which is left out of the batch; the run "
+            "stops when more than this share of a batch's episodes failed, naming the env's exception."
+        },
+    )
+    nonfinite_rewards: Literal["refuse", "drop"] = field(
+        default="refuse",
+        metadata={
+            "help": "A NaN or infinite reward: `refuse` stops the run naming the env and the episode; `drop` leaves such "
+            "episodes out of the batch and counts them (env/nonfinite_reward_episodes)."
+        },
     )
     eval_episodes: int = field(default=128, metadata={"help": "Held-out episodes of `evaluate_env` (one seed each, greedy)."})
     eval_seed_offset: int = field(

@@ -112,8 +112,18 @@ def check_values(values: dict[str, Any], config_class: type, extra: typing.Colle
         try:
             checked[key] = _coerce(value, hints[key])
         except (ValueError, TypeError):
-            raise ConfigError(f"{source}: {key} must be {_describe(hints[key])}, got {value!r}") from None
+            hint = ""
+            if isinstance(value, bool) and _takes_text_not_bool(hints[key]):
+                hint = " (YAML reads an unquoted no, off, yes or on as true or false: quote the word)"
+            raise ConfigError(f"{source}: {key} must be {_describe(hints[key])}, got {value!r}{hint}") from None
     return checked
+
+
+def _takes_text_not_bool(annotation: Any) -> bool:
+    """Whether a field of ``annotation`` takes a string but not a boolean (``save_strategy``)."""
+    origin = typing.get_origin(annotation)
+    options = typing.get_args(annotation) if origin in (Union, types.UnionType) else (annotation,)
+    return str in options and bool not in options
 
 
 def settings_from_mapping(cls: type, values: typing.Mapping[str, Any], key: str) -> Any:
@@ -126,6 +136,12 @@ def settings_from_mapping(cls: type, values: typing.Mapping[str, Any], key: str)
     if unknown:
         raise ValueError(f"unknown {key} keys {unknown}; known: {known}")
     return cls(**values)
+
+
+def _text_fields(config_class: type) -> set[str]:
+    """The fields of ``config_class`` that take a string and no boolean."""
+    hints = typing.get_type_hints(config_class)
+    return {f.name for f in dataclasses.fields(config_class) if _takes_text_not_bool(hints[f.name])}
 
 
 def read_yaml_mapping(path: str) -> dict[str, Any]:
@@ -145,9 +161,12 @@ def read_yaml_mapping(path: str) -> dict[str, Any]:
     return values
 
 
-def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str]) -> dict[str, Any]:
+def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str], config_class: type | None = None) -> dict[str, Any]:
     """``values`` updated by Hydra-style ``KEY=VALUE`` overrides (``VALUE`` read as YAML, so
     ``max_steps=200`` is an integer); ``a.b=VALUE`` sets key ``b`` of the mapping ``a``.
+
+    A field of ``config_class`` that takes a string and no boolean keeps ``VALUE`` as written:
+    YAML would read ``save_strategy=no`` as false, which the field refuses.
 
     ``envs.<env id>.KEY=VALUE`` sets one env's setting in a mix. An env id the config's ``envs:``
     does not hold is refused, naming the ones it does: a typo must not add a second, unconfigured env.
@@ -164,6 +183,8 @@ def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str]) -> 
             value = raw
         target = values
         *parents, leaf = key.split(".")
+        if isinstance(value, bool) and not parents and config_class is not None and leaf in _text_fields(config_class):
+            value = raw.strip()
         envs = values.get("envs")
         if parents[:1] == ["envs"] and len(parents) > 1 and isinstance(envs, dict) and parents[1] not in envs:
             raise ConfigError(f"override {override!r}: envs has no {parents[1]!r}; it has {sorted(envs)}")

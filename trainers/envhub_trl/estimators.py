@@ -149,15 +149,21 @@ STEP_ANCHORS = ("state", "context")
 
 def scope_labels(batch: TurnBatch, scope: str | None, default: str) -> np.ndarray:
     """Per episode, the label of the set its advantage is normalised over: its env group, its env
-    id, or one set for the batch (``scope``, or ``default`` when None)."""
+    id, or one set for the batch (``scope``, or ``default`` when None). An episode without a turn
+    (one set aside: its env failed) is a set of its own, in no other episode's statistics."""
     scope = scope or default
     if scope == "group":
-        return np.asarray(batch.traj_groups)
-    if scope == "env":
-        return np.unique(batch.env_ids.astype(str), return_inverse=True)[1]
-    if scope == "batch":
-        return np.zeros(batch.num_episodes, dtype=np.int64)
-    raise ValueError(f"norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
+        labels = np.asarray(batch.traj_groups, dtype=np.int64)
+    elif scope == "env":
+        labels = np.unique(batch.env_ids.astype(str), return_inverse=True)[1].astype(np.int64)
+    elif scope == "batch":
+        labels = np.zeros(batch.num_episodes, dtype=np.int64)
+    else:
+        raise ValueError(f"norm_scope must be one of {NORM_SCOPES}, got {scope!r}")
+    empty = np.bincount(batch.traj_index, minlength=batch.num_episodes) == 0
+    if empty.any():
+        labels = np.where(empty, labels.max() + 1 + np.arange(batch.num_episodes), labels)
+    return labels
 
 
 def register(name: str, needs: Sequence[str] = ()) -> Callable[[Estimator], Estimator]:

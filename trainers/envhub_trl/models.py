@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envhub.error import MissingDependency, ModelNotFound
+from envhub.error import DamagedFiles, MissingDependency, ModelNotFound
+from envhub_trl.run_files import model_damage
 
 #: The names ``--model`` knows besides folders and hub ids.
 TINY, SMOLLM2 = "tiny", "smollm2-135m"
@@ -191,6 +192,7 @@ def resolve_model(name: str, env_ids: Sequence[str] | None = None, seed: int = 0
 
     Raises:
         ModelNotFound: if ``name`` names no model that can be had here.
+        DamagedFiles: for a model folder with a file cut short or unreadable (a write that did not finish).
     """
     if name == TINY:
         return _tiny_folder(env_ids, seed)
@@ -200,6 +202,9 @@ def resolve_model(name: str, env_ids: Sequence[str] | None = None, seed: int = 0
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{name} holds no Hugging Face model (no config.json)")
+        problem = model_damage(path)
+        if problem is not None:
+            raise DamagedFiles(f"{name} is not a whole model folder: {problem} (a write cut short?); give a complete one, such as a run's final/")
         return name
     if _HUB_ID.fullmatch(name) and not path.exists():
         return name

@@ -41,6 +41,8 @@ from envhub_trl.estimators import EstimatorSettings, TurnBatch
 from envhub_trl.metrics import rollout_metrics
 from envhub_trl.rollout_batch import (
     check_has_turns,
+    screen,
+    set_aside,
     spread_token_values,
     token_advantages,
     token_order,
@@ -71,7 +73,11 @@ class GenerationBatch:
         episodes: every process's episodes, in batch order (episode ``i`` has index ``i``).
         turns: ``episodes`` flattened to one entry per turn; after ``score``, with the model's
             per-token and per-turn quantities.
-        keep: per episode, whether the group filter kept it (it reads returns alone).
+        keep: per episode, whether the group filter kept it (it reads returns alone); False on
+            episodes set aside.
+        aside: per episode, whether it was set aside (:func:`~envhub_trl.rollout_batch.screen`:
+            its env failed, or its reward was not finite): it stays in ``episodes`` without its
+            turns, in an env group of its own, and its rows are masked.
         rows: this process's TRL input rows (the dataset's, or one per turn in the step layout).
         samples: the token sample of each row (``trajectory_index`` -1 on padding rows).
         columns: what TRL's ``rollout_func`` returns for ``rows``: :func:`~envhub.trajectory.batch_columns`
@@ -87,6 +93,7 @@ class GenerationBatch:
     episodes: tuple[Trajectory, ...]
     turns: TurnBatch
     keep: np.ndarray
+    aside: np.ndarray
     rows: tuple[dict[str, Any], ...] = ()
     samples: tuple[Sample, ...] = ()
     columns: Mapping[str, list[Any]] | None = None
@@ -98,6 +105,11 @@ class GenerationBatch:
     def row_keep(self) -> list[bool]:
         """Per row, whether its episode counts (False on padding and on dropped groups)."""
         return [bool(self.keep[s.trajectory_index]) if s.trajectory_index >= 0 else False for s in self.samples]
+
+    @property
+    def played(self) -> list[Trajectory]:
+        """The episodes that count: those not set aside."""
+        return [episode for episode, aside in zip(self.episodes, self.aside) if not aside]
 
     @property
     def turn_starts(self) -> list[dict[int, int]]:
@@ -123,22 +135,32 @@ def gather(
     collect: Collect = _alone,
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
+    max_error_rate: float = 0.5,
+    nonfinite_rewards: str = "refuse",
 ) -> GenerationBatch:
     """The batch of this process's played episodes: each gets its global index and env group (a
-    group may straddle processes), every process's episodes are gathered, and the group filter
-    (RAGEN's, :func:`~envhub_trl.advantages.select_groups`) marks the groups it drops.
+    group may straddle processes), every process's episodes are gathered, those whose env failed
+    (or, with ``nonfinite_rewards="drop"``, whose reward was not finite) are set aside
+    (:func:`~envhub_trl.rollout_batch.screen`; their group goes on with the members left, as a
+    smaller group: one left alone, or tied, gets advantage 0 and is dropped with ``drop_tied``),
+    and the group filter (RAGEN's, :func:`~envhub_trl.advantages.select_groups`) marks the groups
+    it drops.
 
     Raises:
-        envhub_trl.rollout_batch.RolloutError: for an episode without a turn.
+        envhub_trl.rollout_batch.RolloutError: for an episode without a turn whose env did not fail,
+            or more failed episodes than ``max_error_rate`` allows.
+        envhub.error.NonFiniteReward: for a NaN or infinite reward, with ``nonfinite_rewards="refuse"``.
     """
     for trajectory in local:
         check_has_turns(trajectory)
     offset = process_index * len(local)
     own = [dataclasses.replace(t, group_id=(offset + i) // group_size, index=offset + i) for i, t in enumerate(local)]
     episodes: list[Trajectory] = collect(own)
+    aside = screen(episodes, max_error_rate=max_error_rate, nonfinite_rewards=nonfinite_rewards)
+    episodes = [set_aside(t, len(episodes) + i) if out else t for i, (t, out) in enumerate(zip(episodes, aside))]
     turns = TurnBatch.from_trajectories(episodes)
-    keep = select_groups(turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
-    return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep)
+    keep = select_groups(turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction) & ~aside
+    return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep, aside=aside)
 
 
 def to_rows(
@@ -153,28 +175,40 @@ def to_rows(
     """The batch as TRL rows: in the ``trajectory`` layout ``inputs`` themselves (one per episode),
     in the ``step`` layout one per turn, its ``prompt`` the decoded windowed prompt, padded with
     masked rows (``trajectory_index`` -1) to ``most_rows(len)`` (the most any process has)
-    rounded up to ``row_multiple`` (TRL groups and splits rows evenly).
+    rounded up to ``row_multiple`` (TRL groups and splits rows evenly). A set-aside episode's row
+    (trajectory layout) is such a masked row; in the step layout it has none.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    played = [t for t in batch.local if not batch.aside[t.index]]
     if layout == "trajectory":
-        rows, samples = list(inputs), [t.sample() for t in batch.local]
+        filler = _filler([t.sample() for t in played[:1]])
+        rows, samples = list(inputs), [filler if batch.aside[t.index] else t.sample() for t in batch.local]
     else:
         rows, samples = [], []
         for i, trajectory in enumerate(batch.local):
-            for sample in trajectory.step_samples():
+            for sample in [] if batch.aside[trajectory.index] else trajectory.step_samples():
                 samples.append(sample)
                 rows.append({**inputs[i], "prompt": decode(sample.prompt_ids) if decode is not None else ""})
-        target = -(-most_rows(len(samples)) // row_multiple) * row_multiple
-        filler = samples[0]
+        target = -(-max(most_rows(len(samples)), 1) // row_multiple) * row_multiple  # a row at least: TRL trains no empty batch
+        filler, first_row = _filler(samples), rows[0] if rows else {**inputs[0], "prompt": ""}
         for _ in range(target - len(samples)):
-            samples.append(dataclasses.replace(filler, env_mask=[0] * len(filler.env_mask), trajectory_index=-1))
-            rows.append(dict(rows[0]))  # TRL writes the rollout's extra columns into each row
+            samples.append(filler)
+            rows.append(dict(first_row))  # TRL writes the rollout's extra columns into each row
     batch = dataclasses.replace(batch, rows=tuple(rows), samples=tuple(samples))
     columns = batch_columns(samples)
     columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], batch.row_keep)]
     columns["episode_return"] = [batch.episodes[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples]
     return dataclasses.replace(batch, columns=columns)
+
+
+def _filler(samples: Sequence[Sample]) -> Sample:
+    """A masked row (``trajectory_index`` -1, ``env_mask`` 0, turn 0 throughout): the first of
+    ``samples`` masked, or one token each of prompt and completion when there is none."""
+    if samples:
+        width = len(samples[0].env_mask)
+        return dataclasses.replace(samples[0], env_mask=[0] * width, turn_ids=[0] * width, trajectory_index=-1)
+    return Sample(prompt_ids=[0], completion_ids=[0], env_mask=[0], logprobs=[0.0], turn_ids=[0], group_id=-1, trajectory_index=-1)
 
 
 def score(
@@ -347,9 +381,17 @@ def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
 
 def signal_metrics(batch: GenerationBatch, gamma: float = 0.95) -> dict[str, float]:
     """The batch's ``diag/`` metrics: why a run learns or stalls (:func:`~envhub_trl.diagnostics.learning_signal`)."""
-    return learning_signal(batch.episodes, batch.estimate.get("advantages"), gamma, batch=batch.turns)
+    return learning_signal(batch.played, batch.estimate.get("advantages"), gamma, batch=batch.turns)
 
 
 def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:
-    """The batch's ``env/`` metrics (:func:`~envhub_trl.metrics.rollout_metrics`)."""
-    return rollout_metrics(list(batch.episodes), batch.estimate["keep"], batch.estimate.get("anchor_size"), per_env=per_env)
+    """The batch's ``env/`` metrics (:func:`~envhub_trl.metrics.rollout_metrics`) over the episodes
+    played to their end, with the share of the batch's episodes whose env failed
+    (``env/error_rate``) and the count of those set aside for a non-finite reward
+    (``env/nonfinite_reward_episodes``)."""
+    failed = sum(t.error is not None for t in batch.episodes)
+    out = {"env/error_rate": failed / len(batch.episodes), "env/nonfinite_reward_episodes": float(batch.aside.sum() - failed)}
+    if batch.played:
+        played = ~batch.aside
+        out.update(rollout_metrics(batch.played, batch.estimate["keep"][played], batch.estimate.get("anchor_size"), per_env=per_env))
+    return out

@@ -9,30 +9,92 @@ tokens.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from envhub.error import EnvhubError
-from envhub.trajectory import Sample, Trajectory
+from envhub.error import EnvhubError, NonFiniteReward
+from envhub.trajectory import Sample, Trajectory, Turn
 from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate
 
+#: What training does with an episode that has a NaN or infinite reward (``nonfinite_rewards``):
+#: stop with an error naming it, or set it aside and count it.
+NONFINITE_REWARDS = ("refuse", "drop")
+
 
 class RolloutError(EnvhubError):
-    """An episode cannot become a training sample (it failed on reset, or its first prompt is over budget)."""
+    """A batch cannot be trained on: an episode whose first prompt is over budget, or more of its
+    episodes failed than the run allows (``max_env_error_rate``)."""
 
 
 def check_has_turns(trajectory: Trajectory) -> None:
-    """Raise :class:`RolloutError` for an episode without a single turn (it cannot be trained on)."""
-    if not trajectory.turns:
-        reason = trajectory.error or f"it ended before its first reply ({trajectory.end_reason})"
+    """Raise :class:`RolloutError` for an episode that ended without a single turn though its env
+    did not fail (an env that failed ends only its own episode: :func:`screen` sets it aside)."""
+    if not trajectory.turns and trajectory.error is None:
+        advice = "; raise max_prompt_tokens: the first prompt is over budget" if trajectory.end_reason == "context" else ""
         raise RolloutError(
-            f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) has no turn: {reason}; "
-            "raise max_prompt_tokens if the first prompt is over budget"
+            f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) ended before its first reply "
+            f"({trajectory.end_reason}){advice}"
         )
+
+
+def nonfinite_turn(trajectory: Trajectory) -> Turn | None:
+    """The first turn of ``trajectory`` whose reward is NaN or infinite, else None."""
+    return next((turn for turn in trajectory.turns if not math.isfinite(turn.reward)), None)
+
+
+def screen(episodes: Sequence[Trajectory], *, max_error_rate: float = 0.5, nonfinite_rewards: str = "refuse") -> np.ndarray:
+    """Which episodes of a gathered batch are set aside, out of every statistic and of the loss:
+    those whose env raised (they end there, recorded with the error, as ``envhub run`` records
+    them), and with ``nonfinite_rewards="drop"`` those with a NaN or infinite reward.
+
+    Raises:
+        RolloutError: when more than ``max_error_rate`` of the batch's episodes failed, naming the
+            first failure (env, seed and the env's exception).
+        NonFiniteReward: with ``nonfinite_rewards="refuse"``, for the first episode with a NaN or
+            infinite reward, naming the env, the episode and the turn.
+    """
+    if nonfinite_rewards not in NONFINITE_REWARDS:
+        raise ValueError(f"nonfinite_rewards must be one of {NONFINITE_REWARDS}, got {nonfinite_rewards!r}")
+    failed = np.array([t.error is not None for t in episodes], dtype=bool)
+    if failed.mean() > max_error_rate:
+        first = episodes[int(np.argmax(failed))]
+        raise RolloutError(
+            f"{failed.sum()} of {len(episodes)} episodes of the batch failed, more than max_env_error_rate={max_error_rate:g} allows; "
+            f"e.g. {first.env_id} (seed {first.seed}): {first.error}"
+        )
+    nonfinite = np.array([not fail and nonfinite_turn(t) is not None for t, fail in zip(episodes, failed)], dtype=bool)
+    if nonfinite.any() and nonfinite_rewards == "refuse":
+        episode = episodes[int(np.argmax(nonfinite))]
+        turn = nonfinite_turn(episode)
+        raise NonFiniteReward(
+            f"{episode.env_id} gave a non-finite reward ({turn.env_reward!r}) at turn {turn.index} of episode {episode.index} "
+            f"(seed {episode.seed}); fix the env's reward, or set nonfinite_rewards: drop to leave such episodes out of training"
+        )
+    return failed | nonfinite
+
+
+def set_aside(trajectory: Trajectory, group: int) -> Trajectory:
+    """``trajectory`` as a set-aside episode keeps its place in a batch: without its turns (so no
+    turn of it enters an estimator) and in an env group of its own, ``group`` (so its return
+    enters no other episode's statistics; :func:`~envhub_trl.estimators.scope_labels` gives it a
+    set of its own in every scope)."""
+    return dataclasses.replace(trajectory, turns=[], group_id=group)
+
+
+def describe_aside(episodes: Sequence[Trajectory], aside: np.ndarray) -> str | None:
+    """One line on the episodes of a batch that were set aside (None when none was): how many, and
+    the first one's env, seed and error (or reward)."""
+    if not aside.any():
+        return None
+    first = episodes[int(np.argmax(aside))]
+    why = first.error if first.error is not None else "a non-finite reward"
+    return f"{int(aside.sum())} of {len(episodes)} episodes of the batch were left out of training, e.g. {first.env_id} (seed {first.seed}): {why}"
 
 
 def episode_return(

@@ -31,7 +31,13 @@ PPO's value head is saved in every checkpoint by the trainer itself (``value_hea
 config and warm start it ran with, and the held-out evaluations made before RL and during it, so
 that a resumed run's ``results.json`` holds the same figures as an uninterrupted run's, and a
 resume with another config is refused rather than silently mixing two runs. An output folder with
-checkpoints is never overwritten by a new run unless asked (:func:`prepare_output_dir`).
+checkpoints is never overwritten by a new run unless asked (:func:`prepare_output_dir`), and then
+only what ``envhub train`` wrote there goes (:func:`clear_run`).
+
+Every checkpoint is written whole or not at all (:mod:`envhub_trl.run_files`: under a staging
+name, flushed, renamed when complete, with a manifest of its files). A resume checks the
+checkpoint's files before it loads them (:func:`checkpoint_damage`): ``--resume`` passes over a
+damaged last checkpoint to the one before it, saying so (:func:`resolve_resume`).
 
 What holds: on the CPU, a run interrupted after checkpoint ``k`` and resumed ends with the
 uninterrupted run's weights (``tests/test_resume.py``) in lockstep and continuous rollouts. In
@@ -56,11 +62,14 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from envhub.error import ResumeError
+from envhub_trl import run_files
+from envhub_trl.selection import BEST_FILE
 
 #: The state file in a checkpoint folder.
 RUN_STATE_FILE = "envhub_run_state.json"
@@ -82,7 +91,7 @@ TRAINER_STATE_FILE = "trainer_state.json"
 #: A run's final results (``envhub train``): an output folder without them holds an unfinished run.
 RESULTS_FILE = "results.json"
 #: What ``envhub train`` writes in its output folder besides checkpoints (removed by ``--overwrite``).
-RUN_OUTPUTS = (RESULTS_FILE, "final", "learning_curve.png")
+RUN_OUTPUTS = (RESULTS_FILE, "final", "learning_curve.png", BEST_FILE)
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -102,35 +111,78 @@ def last_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def checkpoint_damage(folder: str | Path) -> str | None:
+    """What keeps the checkpoint ``folder`` from loading, in words (naming the file); None when it
+    is whole: its files as :func:`envhub_trl.run_files.damage` checks them, a weights file, and
+    a trainer state that says its step."""
+    folder = Path(folder)
+    problem = run_files.damage(folder, required=(TRAINER_STATE_FILE,), weights=True)
+    if problem is None:
+        state = json.loads((folder / TRAINER_STATE_FILE).read_text())
+        if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+            problem = f"{TRAINER_STATE_FILE} does not say its step"
+    return problem
+
+
 def check_checkpoint(path: str | Path) -> Path:
     """``path`` as a checkpoint folder to resume from.
 
     Raises:
-        ResumeError: when it is not a folder that ``transformers.Trainer`` finished writing.
+        ResumeError: when it is not a folder that ``transformers.Trainer`` finished writing, or
+            its files are damaged (:func:`checkpoint_damage`).
     """
     folder = Path(path)
     if not folder.is_dir():
         raise ResumeError(f"cannot resume from {path}: no such folder (give a checkpoint-N folder of an earlier run)")
     if not (folder / TRAINER_STATE_FILE).is_file():
         raise ResumeError(f"cannot resume from {path}: it holds no {TRAINER_STATE_FILE}, so it is not a complete checkpoint-N folder")
+    problem = checkpoint_damage(folder)
+    if problem is not None:
+        raise ResumeError(f"cannot resume from {path}: it is damaged ({problem}); resume from another checkpoint")
     return folder
 
 
-def resolve_resume(output_dir: str | Path, resume: str | bool | None) -> Path | None:
-    """The checkpoint a run resumes from: ``True`` (or ``"last"``) the last one in ``output_dir``,
-    a path that folder, None/False none.
+def resolve_resume(output_dir: str | Path, resume: str | bool | None, say: Callable[[str], None] | None = None) -> Path | None:
+    """The checkpoint a run resumes from: ``True`` (or ``"last"``) the last whole one in
+    ``output_dir``, a path that folder, None/False none.
+
+    A damaged checkpoint (:func:`checkpoint_damage`) is passed over for the one before it, with one
+    line to ``say`` (by default a warning) naming it and what is wrong with it.
 
     Raises:
-        ResumeError: for a path that is not a checkpoint, or ``True`` with no checkpoint to take.
+        ResumeError: for a path that is not a whole checkpoint, or ``True`` with no whole
+            checkpoint to take.
     """
     if resume is None or resume is False:
         return None
-    if resume is True or resume == "last":
-        found = last_checkpoint(output_dir)
-        if found is None:
-            raise ResumeError(f"nothing to resume: {output_dir} holds no checkpoint-N folder (checkpoints need save_strategy: steps)")
-        return found
-    return check_checkpoint(resume)
+    if resume is not True and resume != "last":
+        return check_checkpoint(resume)
+    found = checkpoints(output_dir)
+    if not found:
+        raise ResumeError(f"nothing to resume: {output_dir} holds no checkpoint-N folder (checkpoints need save_strategy: steps)")
+    say = say or (lambda line: warnings.warn(line, stacklevel=3))
+    damaged = []
+    for checkpoint in reversed(found):
+        problem = checkpoint_damage(checkpoint)
+        if problem is None:
+            if damaged:
+                say(f"{'; '.join(damaged)}: resuming from {checkpoint.name}, the last whole checkpoint")
+            return checkpoint
+        damaged.append(f"{checkpoint.name} is damaged ({problem})")
+    raise ResumeError(f"nothing to resume in {output_dir}: {'; '.join(damaged)}; --overwrite starts the run afresh")
+
+
+def finished_results(output_dir: str | Path) -> dict[str, Any] | None:
+    """The ``results.json`` of the finished run in ``output_dir`` (None when it holds none, or
+    none that parses: a run that did not finish)."""
+    path = Path(output_dir) / RESULTS_FILE
+    if not path.is_file():
+        return None
+    try:
+        results = json.loads(path.read_text())
+    except ValueError:
+        return None
+    return results if isinstance(results, dict) else None
 
 
 def describe_run(output_dir: str | Path) -> str | None:
@@ -144,13 +196,16 @@ def describe_run(output_dir: str | Path) -> str | None:
     return f"an unfinished run (last checkpoint {found.name}, no {RESULTS_FILE})"
 
 
-def prepare_output_dir(output_dir: str | Path, resume: str | bool | None = None, overwrite: bool = False) -> Path | None:
-    """Make ``output_dir`` ready for a run; return the checkpoint it resumes from (None: a new run).
+def prepare_output_dir(
+    output_dir: str | Path, resume: str | bool | None = None, overwrite: bool = False, say: Callable[[str], None] | None = None
+) -> Path | None:
+    """Check that ``output_dir`` can take the run as asked; return the checkpoint it resumes from
+    (None: a new run). Nothing is removed here: with ``overwrite``, the caller removes the earlier
+    run's outputs (:func:`clear_run`) once the new run has loaded.
 
-    ``resume`` is as :func:`resolve_resume` takes it; ``overwrite`` removes an earlier run's
-    outputs (:func:`clear_run`). Without either, a folder that holds an earlier run's checkpoints
-    is refused: a new run would write its checkpoints among them, and a later resume would pick
-    up the wrong run.
+    ``resume`` (and ``say``) are as :func:`resolve_resume` takes them. Without ``resume`` or
+    ``overwrite``, a folder that holds an earlier run's checkpoints is refused: a new run would
+    write its checkpoints among them, and a later resume would pick up the wrong run.
 
     Raises:
         ResumeError: for both flags, a checkpoint that cannot be resumed, or a folder that holds a run.
@@ -158,9 +213,8 @@ def prepare_output_dir(output_dir: str | Path, resume: str | bool | None = None,
     if overwrite and resume not in (None, False):
         raise ResumeError("--resume continues the run in the output folder and --overwrite removes it; give one of them")
     if overwrite:
-        clear_run(output_dir)
         return None
-    checkpoint = resolve_resume(output_dir, resume)
+    checkpoint = resolve_resume(output_dir, resume, say)
     if checkpoint is None:
         earlier = describe_run(output_dir)
         if earlier is not None:
@@ -169,13 +223,29 @@ def prepare_output_dir(output_dir: str | Path, resume: str | bool | None = None,
 
 
 def clear_run(output_dir: str | Path) -> None:
-    """Remove what an earlier ``envhub train`` run wrote in ``output_dir`` (its checkpoints, final
-    model, curve and results), leaving anything else there alone."""
+    """Remove what an earlier ``envhub train`` run wrote in ``output_dir``: its ``checkpoint-N``
+    folders (that exact name), final model, curve, results, best validation weights and staging
+    leftovers; anything else there (``checkpoint-2.bak``, ``checkpoint-notes.txt``) stays."""
     folder = Path(output_dir)
-    for path in [*folder.glob("checkpoint-*"), *(folder / name for name in RUN_OUTPUTS)]:
+    if not folder.is_dir():
+        return
+    checkpoint_folders = [p for p in folder.iterdir() if _CHECKPOINT.match(p.name) and p.is_dir()]
+    for path in [*checkpoint_folders, *(folder / name for name in RUN_OUTPUTS)]:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
+            path.unlink()
+    remove_partials(folder)
+
+
+def remove_partials(output_dir: str | Path) -> None:
+    """Remove the staging leftovers of writes that a killed run cut short (never read: no reader
+    takes them for a checkpoint); call it only while the folder's lock is held."""
+    folder = Path(output_dir)
+    for path in folder.glob(f"{run_files.PARTIAL_PREFIX}*") if folder.is_dir() else ():
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
             path.unlink()
 
 

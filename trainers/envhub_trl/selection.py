@@ -9,8 +9,9 @@ of RL, every ``validation_steps`` optimizer steps and at the end; the run ends w
 scored best (the earliest of equals), so RL cannot end below its start on the validation seeds. The
 held-out seeds stay untouched by the choice.
 
-The best policy's weights are written to ``<output_dir>/validation-best.pt`` whenever it changes, so
-a resumed run still ends with the best of the whole run.
+The best policy's weights are written to ``<output_dir>/validation-best.pt`` whenever it changes
+(whole or not at all, :func:`envhub_trl.run_files.write_file`), so a resumed run still ends with the
+best of the whole run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from envhub_trl import run_files
 from envhub_trl.evaluation import held_out_seeds
 
 #: The best policy's weights, in the run's output folder.
@@ -70,7 +72,10 @@ class ValidationSelection(TrainerCallback):
             if trainer.accelerator.is_main_process:
                 model = trainer.accelerator.unwrap_model(trainer.model)
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, self.path)
+                weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+                size = sum(t.numel() * t.element_size() for t in weights.values())
+                with run_files.room_errors(self.path, size, "free some space; --resume continues from the last checkpoint"):
+                    run_files.write_file(self.path, lambda staging: torch.save(weights, staging))
             trainer.accelerator.wait_for_everyone()
         print(f"validation success at step {step}: {point['greedy']:.1%} greedy (best {self.best['greedy']:.1%} at step {self.best['step']})",
               file=sys.stderr, flush=True)

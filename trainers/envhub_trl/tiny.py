@@ -77,7 +77,8 @@ def environment_corpus(
     Each environment plays ``seeds`` short episodes of its expert (or its first legal action) so the
     tokenizer sees the states an agent meets, in the env's own reply format (tool envs: their
     tools in the system message, ``<tool_call>`` replies, ``<tool_response>`` results). Environments
-    that fail to make are skipped.
+    that fail to make are skipped, and an episode ends where its env raises (at reset or in a
+    step), as it would in training.
     ``env_kwargs`` go to every ``envhub.make`` (e.g. an observation view that changes the text);
     ``kwargs_by_env`` gives some envs their own instead. ``system_per_episode`` yields each env's
     system message once per episode, as often as training shows it, instead of once.
@@ -95,18 +96,27 @@ def environment_corpus(
         for seed in range(seeds):
             if system_per_episode and seed:
                 yield system
-            observation, _ = env.reset(seed=seed)
-            for turn in range(turns):
-                legal = env.valid_actions()
-                if tools is not None and turn > 0:
-                    yield f"{IM_START}user\n<tool_response>\n{observation}\n</tool_response>{IM_END}\n"
-                else:
-                    yield f"{IM_START}user\n{renderer.user(observation, turn, env.max_turns, legal)}{IM_END}\n"
-                action = env.expert_action() or (legal[0] if legal else "wait")
-                yield f"{IM_START}assistant\n{fmt.render(action)}{IM_END}\n"
-                observation, _, terminated, truncated, _ = env.step(action)
-                if terminated or truncated:
-                    break
+            yield from _episode_text(env, seed, turns, fmt, renderer, tools)
+
+
+def _episode_text(env: Any, seed: int, turns: int, fmt: Any, renderer: ChatRenderer, tools: Any) -> Iterator[str]:
+    """The chat text of one episode of ``env`` from ``seed``, played by its expert (or its first
+    legal action), up to ``turns`` turns; it ends where the env raises."""
+    try:
+        observation, _ = env.reset(seed=seed)
+        for turn in range(turns):
+            legal = env.valid_actions()
+            if tools is not None and turn > 0:
+                yield f"{IM_START}user\n<tool_response>\n{observation}\n</tool_response>{IM_END}\n"
+            else:
+                yield f"{IM_START}user\n{renderer.user(observation, turn, env.max_turns, legal)}{IM_END}\n"
+            action = env.expert_action() or (legal[0] if legal else "wait")
+            yield f"{IM_START}assistant\n{fmt.render(action)}{IM_END}\n"
+            observation, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+    except Exception:  # an env that fails mid-episode must not stop the tokenizer from being built
+        return
 
 
 def build_tokenizer(

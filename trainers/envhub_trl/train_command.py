@@ -5,7 +5,8 @@ curve (``learning_curve.png``), and ``results.json`` with every evaluation and t
 checkpoints (``save_strategy: steps``), ``--resume`` continues a run from its last
 ``checkpoint-N`` (or a named one) to the figures the uninterrupted run would have given
 (:mod:`envhub_trl.run_state`); a new run into a folder that holds an earlier run's checkpoints is
-refused unless ``--resume`` or ``--overwrite`` says what to do with them.
+refused unless ``--resume`` or ``--overwrite`` says what to do with them. One run at a time may
+use an output folder, and what it writes there is whole or absent, never half-written.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def load_config_file(path: str | None, overrides: tuple[str, ...] | list[str] = 
 
     try:
         values = read_yaml_mapping(path) if path is not None else {}
-        values = apply_overrides(values, overrides)
+        values = apply_overrides(values, overrides, EnvGRPOConfig)
         return check_values(values, EnvGRPOConfig, extra=RUN_KEYS, source=path or "config")
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
@@ -182,8 +183,9 @@ def _row(stage: str, metrics: dict[str, dict[str, float]]) -> list[str]:
 
 def _resume_point(output_dir: str, resume: str | bool | None, from_config: str | None, overwrite: bool) -> Path | None:
     """The checkpoint a run resumes from (None: a new run), from ``resume`` or the config's
-    ``resume_from_checkpoint`` (``from_config``: it means the same), with the output folder made
-    ready (:func:`envhub_trl.run_state.prepare_output_dir`).
+    ``resume_from_checkpoint`` (``from_config``: it means the same), once the output folder is
+    found fit for the run (:func:`envhub_trl.run_state.prepare_output_dir`; a damaged last
+    checkpoint is passed over, saying so).
 
     Raises:
         click.ClickException: for both asked differently, or a folder or checkpoint that refuses.
@@ -195,9 +197,14 @@ def _resume_point(output_dir: str, resume: str | bool | None, from_config: str |
             raise click.ClickException(f"resume_from_checkpoint={from_config} and --resume {resume} ask for different checkpoints; give one")
         resume = from_config
     try:
-        return run_state.prepare_output_dir(output_dir, resume, overwrite)
+        return run_state.prepare_output_dir(output_dir, resume, overwrite, say=_say)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _say(line: str) -> None:
+    """One line of progress or warning on stderr."""
+    click.echo(line, err=True)
 
 
 def run_training(
@@ -222,14 +229,19 @@ def run_training(
     ``resume`` (True: the output folder's last ``checkpoint-N``; or a checkpoint's path; the
     config's ``resume_from_checkpoint`` means the same) continues an interrupted run: the same
     model, config and warm start, the evaluations it made before its checkpoint kept, so that it
-    returns what the uninterrupted run would have. ``overwrite`` removes an earlier run's outputs
-    first; without either, an output folder with an earlier run's checkpoints is refused.
+    returns what the uninterrupted run would have; a resume of a finished run (its results.json)
+    returns its results and changes nothing. ``overwrite`` removes what an earlier run wrote
+    (:func:`~envhub_trl.run_state.clear_run`) once the new run's model and envs have loaded;
+    without either, an output folder with an earlier run's checkpoints is refused. The output
+    folder is locked for the whole run (:mod:`envhub_trl.run_lock`), and every checkpoint,
+    ``final/`` and results.json are written whole or not at all (:mod:`envhub_trl.run_files`).
 
     Raises:
-        click.ClickException: for a bad configuration, an output folder or checkpoint that cannot
-            be used as asked, or an environment error, with the reason.
+        click.ClickException: for a bad configuration, an output folder in use by another run or
+            that cannot be used as asked, a damaged checkpoint with none whole before it, a write
+            that found no room, or an environment error, with the reason.
     """
-    from envhub_trl import run_state
+    from envhub_trl import run_files, run_lock, run_state
     from envhub_trl.config import EnvGRPOConfig
     from envhub_trl.lora import LoraSettings, fold_adapter, merged_model
     from envhub_trl.models import load_model_and_tokenizer
@@ -260,148 +272,173 @@ def run_training(
         config["tiny"] = dict(tiny_values)
     if lora is not None:
         config["lora"] = lora.record()
-    # Only once the config is known good: --overwrite removes the earlier run.
-    checkpoint = _resume_point(args.output_dir, resume, from_config, overwrite)
-    record = None
-    if checkpoint is not None:
+    try:  # one run at a time in an output folder, for the whole run
+        lock = run_lock.OutputLock(args.output_dir).acquire()
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from None
+    with lock:
+        if lock.taken_over is not None:
+            _say(lock.describe_taken_over())
+        run_state.remove_partials(args.output_dir)  # what a killed run's unfinished writes left
+        finished = run_state.finished_results(args.output_dir) if resume not in (None, False) or from_config else None
+        if finished is not None:
+            _say(f"{args.output_dir} holds a finished run ({run_state.RESULTS_FILE}): there is nothing to resume, and nothing was changed")
+            return finished
+        checkpoint = _resume_point(args.output_dir, resume, from_config, overwrite)
+        record = None
+        if checkpoint is not None:
+            try:
+                record = run_state.read_record(checkpoint)
+                run_state.check_same_run(record, model_name, config, dataclasses.asdict(warm_start))
+            except EnvhubError as exc:
+                raise click.ClickException(str(exc)) from None
+        entries = args.env_entries()
+        # Wall time of the warm start (this process's; None when resumed past it) and of RL (its
+        # validations included); "seconds" is the whole command's.
+        phase_seconds: dict[str, float | None] = {"warm_start": None, "rl": None}
         try:
-            record = run_state.read_record(checkpoint)
-            run_state.check_same_run(record, model_name, config, dataclasses.asdict(warm_start))
+            model, tokenizer = load_model_and_tokenizer(
+                model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
+                tiny=tiny if model_name == "tiny" else None,
+            )
+            trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
+            if overwrite:  # only now that the config, the model and the envs have loaded
+                run_state.clear_run(args.output_dir)
+            if record is None:
+                evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
+                if warm_start.active:
+                    click.echo(f"warm start: {warm_start.describe()}", err=True)
+                    begun = time.perf_counter()
+                    warm_start.run_on(
+                        model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
+                        reply_tokens=args.max_turn_tokens, on_round=_dagger_progress, bf16=bool(args.bf16),
+                    )
+                    phase_seconds["warm_start"] = time.perf_counter() - begun
+                    fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
+                    trainer.weights_changed()  # a vLLM generator still holds the initial weights
+                    trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
+                    evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
+                before_rl = trainer.state.global_step
+            else:
+                # The checkpoint's weights already hold the warm start; its evaluations are the record's.
+                click.echo(f"resuming from {checkpoint}: the evaluations before RL are those the run made", err=True)
+                evaluations, before_rl = record["evaluations"], record["before_rl"]
+            periodic = _periodic_evaluation(trainer, record["held_out_curve"] if record is not None else [])
+            selection = None
+            if args.keep_best_on_validation:
+                selection = ValidationSelection(trainer, (record or {}).get("validation_curve", []))
+                trainer.add_callback(selection)
+            # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
+            trainer.run_record = {
+                "model": model_name, "config": config, "warm_start": dataclasses.asdict(warm_start), "evaluations": dict(evaluations),
+                "before_rl": before_rl, "held_out_curve": periodic.points if periodic is not None else [],
+                "validation_curve": selection.points if selection is not None else [],
+            }
+            begun = time.perf_counter()
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
+            phase_seconds["rl"] = time.perf_counter() - begun
+            kept = None
+            if selection is not None:
+                kept = {**selection.finish(), "curve": selection.points, "episodes": args.validation_episodes,
+                        "seed_offset": args.validation_seed_offset, "held_out_last_step": None}
+                if kept["step"] != kept["last_step"]:
+                    # The last policy's held-out figures too, so that what the choice changed is on record.
+                    kept["held_out_last_step"] = _evaluate(trainer, "after RL, last step (not kept)")
+                    selection.restore()
+            evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
+            searched = {e.env_id: _references(trainer, e) for e in entries}
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from exc
+        out = Path(args.output_dir)
+        last = run_state.last_checkpoint(out)
+        then = f"free some space; --resume finishes the run from {last.name}" if last is not None else "free some space and run again"
+        try:  # written whole or not at all; results.json, which says the run finished, only after it
+            with run_files.writing_folder(out / "final", trainer.checkpoint_bytes(), then) as final:
+                trainer.save_model(str(final))
+                if lora is not None:  # the merged model, which loads without PEFT, instead of the adapter alone
+                    for name in ("adapter_model.safetensors", "adapter_config.json"):
+                        (final / name).unlink(missing_ok=True)
+                    merged_model(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(str(final))
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from None
-    entries = args.env_entries()
-    # Wall time of the warm start (this process's; None when resumed past it) and of RL (its
-    # validations included); "seconds" is the whole command's.
-    phase_seconds: dict[str, float | None] = {"warm_start": None, "rl": None}
-    try:
-        model, tokenizer = load_model_and_tokenizer(
-            model_name, [e.env_id for e in entries], args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
-            tiny=tiny if model_name == "tiny" else None,
-        )
-        trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
-        if record is None:
-            evaluations = {STAGES[0]: _evaluate(trainer, STAGES[0])}
-            if warm_start.active:
-                click.echo(f"warm start: {warm_start.describe()}", err=True)
-                begun = time.perf_counter()
-                warm_start.run_on(
-                    model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
-                    reply_tokens=args.max_turn_tokens, on_round=_dagger_progress, bf16=bool(args.bf16),
-                )
-                phase_seconds["warm_start"] = time.perf_counter() - begun
-                fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
-                trainer.weights_changed()  # a vLLM generator still holds the initial weights
-                trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
-                evaluations[STAGES[1]] = _evaluate(trainer, STAGES[1])
-            before_rl = trainer.state.global_step
-        else:
-            # The checkpoint's weights already hold the warm start; its evaluations are the record's.
-            click.echo(f"resuming from {checkpoint}: the evaluations before RL are those the run made", err=True)
-            evaluations, before_rl = record["evaluations"], record["before_rl"]
-        periodic = _periodic_evaluation(trainer, record["held_out_curve"] if record is not None else [])
-        selection = None
-        if args.keep_best_on_validation:
-            selection = ValidationSelection(trainer, (record or {}).get("validation_curve", []))
-            trainer.add_callback(selection)
-        # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
-        trainer.run_record = {
-            "model": model_name, "config": config, "warm_start": dataclasses.asdict(warm_start), "evaluations": dict(evaluations),
-            "before_rl": before_rl, "held_out_curve": periodic.points if periodic is not None else [],
-            "validation_curve": selection.points if selection is not None else [],
-        }
-        begun = time.perf_counter()
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
-        phase_seconds["rl"] = time.perf_counter() - begun
-        kept = None
-        if selection is not None:
-            kept = {**selection.finish(), "curve": selection.points, "episodes": args.validation_episodes,
-                    "seed_offset": args.validation_seed_offset, "held_out_last_step": None}
-            if kept["step"] != kept["last_step"]:
-                # The last policy's held-out figures too, so that what the choice changed is on record.
-                kept["held_out_last_step"] = _evaluate(trainer, "after RL, last step (not kept)")
-                selection.restore()
-        evaluations[STAGES[2]] = _evaluate(trainer, STAGES[2])
-        searched = {e.env_id: _references(trainer, e) for e in entries}
-    except EnvhubError as exc:
-        raise click.ClickException(str(exc)) from exc
-    out = Path(args.output_dir)
-    trainer.save_model(str(out / "final"))
-    if lora is not None:  # the merged model, which loads without PEFT, instead of the adapter alone
-        for name in ("adapter_model.safetensors", "adapter_config.json"):
-            (out / "final" / name).unlink(missing_ok=True)
-        merged_model(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(str(out / "final"))
-    start_key = STAGES[1] if warm_start.active else STAGES[0]
-    end = trainer.state.global_step
-    per_env = {}
-    for entry in entries:
-        own = {stage: by_env[entry.env_id] for stage, by_env in evaluations.items()}
-        references, open_loop = searched[entry.env_id]
-        per_env[entry.env_id] = {
-            "evaluations": own,
-            "references": references,
-            "open_loop_actions": None if open_loop is None else list(open_loop.actions),
-            "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
-            "open_loop_description": None if open_loop is None else open_loop.describe(),
-            "rl_success_gain": {m: own[STAGES[2]][m]["success_rate"] - own[start_key][m]["success_rate"] for m in own[STAGES[2]]},
-            "gain_over_open_loop": None if open_loop is None else {
-                m: own[STAGES[2]][m]["success_rate"] - open_loop.success_rate for m in own[STAGES[2]]
-            },
-        }
-    # One env: its figures; a mix: the mean over its envs (each env's are under per_env).
-    summary = per_env[entries[0].env_id] if len(entries) == 1 else {
-        key: _mean_over_envs({i: figures[key] for i, figures in per_env.items()})
-        for key in ("evaluations", "references", "rl_success_gain", "gain_over_open_loop")
-    }
-    if len(entries) > 1:
-        summary = {**summary, "open_loop_actions": None, "open_loop_exhaustive": None, "open_loop_description": None}
-    results = {
-        "env_id": args.env_id,
-        "env_ids": [e.env_id for e in entries],
-        "model": model_name,
-        "advantage_estimator": args.advantage_estimator,
-        "held_out_episodes": args.eval_episodes,
-        "held_out_seed_offset": args.eval_seed_offset,
-        "sampling": _sampling_text(args),
-        "evaluations": summary["evaluations"],
-        "references": summary["references"] or {},
-        "open_loop_actions": summary["open_loop_actions"],
-        "open_loop_exhaustive": summary["open_loop_exhaustive"],
-        "open_loop_description": summary["open_loop_description"],
-        "rl_success_gain": summary["rl_success_gain"],
-        "gain_over_open_loop": summary["gain_over_open_loop"],
-        "per_env": per_env,
-        "rl_steps": end - before_rl,
-        "warm_start_steps": warm_start.steps,
-        "warm_start": dataclasses.asdict(warm_start),
-        "held_out_curve": periodic.points if periodic is not None else [],
-        "validation": kept,
-        "training_curve": [
-            {"step": entry["step"], "success_rate": entry["env/success_rate"],
-             **{k.removeprefix("env/").removesuffix("/success_rate"): entry[k] for k in entry if k.endswith("/success_rate") and k.count("/") > 1}}
-            for entry in trainer.state.log_history
-            if "env/success_rate" in entry
-        ],
-        "seconds": time.perf_counter() - started,
-        "phase_seconds": phase_seconds,
-        "config": config,
-    }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    # Drawn last: the figures are in results.json whatever happens to plotting.
-    how = results["sampling"]
-    marks: dict[str, dict[str, dict[int, float]]] = {}
-    for env_id, figures in per_env.items() if len(entries) > 1 else [("", summary)]:
-        own, start = figures["evaluations"], figures["evaluations"][start_key]
-        panel = marks.setdefault(env_id, {})
-        panel["held-out, greedy"] = {before_rl: start["greedy"]["success_rate"], end: own[STAGES[2]]["greedy"]["success_rate"]}
-        if "sampled" in start:
-            panel[f"held-out, sampled ({how})"] = {before_rl: start["sampled"]["success_rate"], end: own[STAGES[2]]["sampled"]["success_rate"]}
-        if periodic is not None and periodic.points:
-            panel[f"held-out, greedy, every {args.eval_steps:g} steps"] = {
-                p["step"]: p["per_env"][env_id] if env_id else p["greedy"] for p in periodic.points
+        start_key = STAGES[1] if warm_start.active else STAGES[0]
+        end = trainer.state.global_step
+        per_env = {}
+        for entry in entries:
+            own = {stage: by_env[entry.env_id] for stage, by_env in evaluations.items()}
+            references, open_loop = searched[entry.env_id]
+            per_env[entry.env_id] = {
+                "evaluations": own,
+                "references": references,
+                "open_loop_actions": None if open_loop is None else list(open_loop.actions),
+                "open_loop_exhaustive": None if open_loop is None else open_loop.exhaustive,
+                "open_loop_description": None if open_loop is None else open_loop.describe(),
+                "rl_success_gain": {m: own[STAGES[2]][m]["success_rate"] - own[start_key][m]["success_rate"] for m in own[STAGES[2]]},
+                "gain_over_open_loop": None if open_loop is None else {
+                    m: own[STAGES[2]][m]["success_rate"] - open_loop.success_rate for m in own[STAGES[2]]
+                },
             }
-        panel.update({f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in figures["references"].items()})
-    plot_learning_curve(trainer.state.log_history, out / "learning_curve.png", marks, title=f"{' + '.join(results['env_ids'])}, {args.advantage_estimator}")
-    return results
+        # One env: its figures; a mix: the mean over its envs (each env's are under per_env).
+        summary = per_env[entries[0].env_id] if len(entries) == 1 else {
+            key: _mean_over_envs({i: figures[key] for i, figures in per_env.items()})
+            for key in ("evaluations", "references", "rl_success_gain", "gain_over_open_loop")
+        }
+        if len(entries) > 1:
+            summary = {**summary, "open_loop_actions": None, "open_loop_exhaustive": None, "open_loop_description": None}
+        results = {
+            "env_id": args.env_id,
+            "env_ids": [e.env_id for e in entries],
+            "model": model_name,
+            "advantage_estimator": args.advantage_estimator,
+            "held_out_episodes": args.eval_episodes,
+            "held_out_seed_offset": args.eval_seed_offset,
+            "sampling": _sampling_text(args),
+            "evaluations": summary["evaluations"],
+            "references": summary["references"] or {},
+            "open_loop_actions": summary["open_loop_actions"],
+            "open_loop_exhaustive": summary["open_loop_exhaustive"],
+            "open_loop_description": summary["open_loop_description"],
+            "rl_success_gain": summary["rl_success_gain"],
+            "gain_over_open_loop": summary["gain_over_open_loop"],
+            "per_env": per_env,
+            "rl_steps": end - before_rl,
+            "warm_start_steps": warm_start.steps,
+            "warm_start": dataclasses.asdict(warm_start),
+            "held_out_curve": periodic.points if periodic is not None else [],
+            "validation": kept,
+            "training_curve": [
+                {"step": entry["step"], "success_rate": entry["env/success_rate"],
+                 **{k.removeprefix("env/").removesuffix("/success_rate"): entry[k] for k in entry if k.endswith("/success_rate") and k.count("/") > 1}}
+                for entry in trainer.state.log_history
+                if "env/success_rate" in entry
+            ],
+            "seconds": time.perf_counter() - started,
+            "phase_seconds": phase_seconds,
+            "config": config,
+        }
+        try:
+            text = json.dumps(results, indent=2)
+            with run_files.room_errors(out / run_state.RESULTS_FILE, len(text), then):
+                run_files.write_text(out / run_state.RESULTS_FILE, text)
+            # Drawn last: the figures are in results.json whatever happens to plotting.
+            how = results["sampling"]
+            marks: dict[str, dict[str, dict[int, float]]] = {}
+            for env_id, figures in per_env.items() if len(entries) > 1 else [("", summary)]:
+                own, start = figures["evaluations"], figures["evaluations"][start_key]
+                panel = marks.setdefault(env_id, {})
+                panel["held-out, greedy"] = {before_rl: start["greedy"]["success_rate"], end: own[STAGES[2]]["greedy"]["success_rate"]}
+                if "sampled" in start:
+                    panel[f"held-out, sampled ({how})"] = {before_rl: start["sampled"]["success_rate"], end: own[STAGES[2]]["sampled"]["success_rate"]}
+                if periodic is not None and periodic.points:
+                    panel[f"held-out, greedy, every {args.eval_steps:g} steps"] = {
+                        p["step"]: p["per_env"][env_id] if env_id else p["greedy"] for p in periodic.points
+                    }
+                panel.update({f"{name} (held-out)": {before_rl: rate, end: rate} for name, rate in figures["references"].items()})
+            with run_files.room_errors(out / "learning_curve.png", 1 << 20, "free some space; the figures are in results.json"):
+                plot_learning_curve(trainer.state.log_history, out / "learning_curve.png", marks, title=f"{' + '.join(results['env_ids'])}, {args.advantage_estimator}")
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from None
+        return results
 
 
 def _print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> None:
@@ -462,7 +499,8 @@ def _sampling_text(args: Any) -> str:
 @click.option("--eval-episodes", default=None, type=click.IntRange(min=1), help="Held-out episodes per evaluation (default: the config's eval_episodes, else 128).")
 @click.option("--resume", "resume", is_flag=False, flag_value="last", default=None, metavar="[CHECKPOINT]",
               help="Continue the run in --output-dir from its last checkpoint-N (or from CHECKPOINT), with the same config.")
-@click.option("--overwrite", is_flag=True, help="Start afresh in an --output-dir that holds an earlier run (its checkpoints and results are removed).")
+@click.option("--overwrite", is_flag=True,
+              help="Start afresh in an --output-dir that holds an earlier run (once the new run has loaded, the earlier run's checkpoint-N folders, final/ and results are removed; nothing else).")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE]...")
 def train_command(
     env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
@@ -474,8 +512,9 @@ def train_command(
     learning_rate=1e-5 warm_start.steps=100), with the same type checks.
 
     With checkpoints (save_strategy: steps), --resume continues an interrupted run to the figures
-    the uninterrupted one would have given; a new run into a folder that holds an earlier run's
-    checkpoints is refused unless --resume or --overwrite is given."""
+    the uninterrupted one would have given, from its last whole checkpoint; a new run into a folder
+    that holds an earlier run's checkpoints is refused unless --resume or --overwrite is given, and
+    one run at a time may use a folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if resume not in (None, "last") and "=" in resume and not Path(resume).exists():
         # `--resume max_steps=9`: a bare --resume followed by an override, not a checkpoint path.

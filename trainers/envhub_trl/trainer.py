@@ -47,7 +47,7 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.lora import merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
-from envhub_trl.rollout_batch import episode_return
+from envhub_trl.rollout_batch import describe_aside, episode_return
 from envhub_trl.trl_bridge import TRLBridge, loadable_reference
 
 
@@ -271,7 +271,11 @@ class EnvGRPOTrainer(TRLBridge):
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
             drop_tied=args.filter_tied_groups, keep_fraction=args.keep_group_fraction,
+            max_error_rate=args.max_env_error_rate, nonfinite_rewards=args.nonfinite_rewards,
         )
+        left_out = describe_aside(batch.episodes, batch.aside)
+        if left_out is not None and self.accelerator.is_main_process:
+            print(f"step {self.state.global_step + 1}: {left_out}", file=sys.stderr, flush=True)
         multiple = math.lcm(group_size, args.steps_per_generation if mode == "train" else 1)
         batch = pipeline.to_rows(
             batch, inputs, layout=args.sample_layout, decode=self.processing_class.decode, row_multiple=multiple,
@@ -299,7 +303,7 @@ class EnvGRPOTrainer(TRLBridge):
         self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
         self.log_metrics(mode, pipeline.signal_metrics(batch, args.step_reward_gamma))
         if self.curriculum is not None and mode == "train":
-            metrics, advanced = self.curriculum.batch_played(batch.episodes, self.state.global_step)
+            metrics, advanced = self.curriculum.batch_played(batch.played, self.state.global_step)
             self.log_metrics(mode, metrics)
             if advanced is not None and self.accelerator.is_main_process:
                 print(advanced, file=sys.stderr, flush=True)

@@ -18,7 +18,13 @@ alone. What it reaches:
   being trained, which a resumed run restores (:func:`micro_step`, :func:`buffered_inputs`...).
 - ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
   where a checkpoint is written and read, so that envhub's files go with it (the trainer's
-  :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`).
+  :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`), and
+  so that it is written whole or not at all: ``_get_output_dir`` names a staging folder while the
+  Trainer writes, which :func:`envhub_trl.run_files.commit` renames when complete, before the
+  Trainer's ``rotate_checkpoints`` runs over the real ones.
+- ``Trainer.train`` on a checkpoint at ``max_steps``: the Trainer would train one step past it
+  (its loop checks the step count only after a step), so the checkpoint is loaded without
+  training (:meth:`TRLBridge.train`).
 - TRL's ``trl.trainer.grpo_trainer`` logger: its warning that every reward function returned None
   for a row is dropped when the row is a padding row of the step layout (``trajectory_index``
   -1), whose reward is None on purpose (:func:`~envhub_trl.rollout_batch.episode_return`); TRL
@@ -36,8 +42,11 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import TrainOutput, rotate_checkpoints
 from trl import GRPOTrainer
 
+from envhub_trl import run_files, run_state
 from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
 from envhub_trl.lora import is_peft_model
 from envhub_trl.pipeline import GenerationBatch
@@ -222,10 +231,52 @@ class TRLBridge(GRPOTrainer):
     def on_load(self, folder: str) -> None:
         """Load envhub's files from a checkpoint folder, after the Trainer loaded its own."""
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """``transformers.Trainer.train``; from a checkpoint at the run's last step, the checkpoint
+        loaded as the finished run's state and weights, with no step trained."""
+        if isinstance(resume_from_checkpoint, str):
+            state = TrainerState.load_from_json(str(Path(resume_from_checkpoint) / "trainer_state.json"))
+            last = self.args.max_steps if self.args.max_steps > 0 else state.max_steps
+            if state.global_step >= last:
+                self.state = state
+                self._load_from_checkpoint(resume_from_checkpoint)
+                return TrainOutput(state.global_step, 0.0, {})
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def checkpoint_bytes(self) -> int:
+        """About what a checkpoint takes on the disk: the model's weights and the optimizer's state."""
+        tensors = list(self.accelerator.unwrap_model(self.model).state_dict().values())
+        if self.optimizer is not None:
+            tensors += [v for state in self.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        # envhub's files first, so that the Trainer's own state file, written last, marks a complete folder.
-        self.on_checkpoint(Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}")
-        super()._save_checkpoint(model, trial)
+        run_dir = Path(self._get_output_dir(trial=trial))
+        folder = run_dir / f"checkpoint-{self.state.global_step}"
+        staging = run_files.partial_path(folder)
+        earlier = [p for p in run_state.checkpoints(run_dir) if p != folder]
+        need = max([run_files.folder_bytes(earlier[-1])] if earlier else [self.checkpoint_bytes()])
+        then = f"free some space; {earlier[-1].name} is whole and --resume continues from it" if earlier else "free some space and run again"
+        if self.accelerator.is_main_process:
+            run_files.discard_partial(folder)
+        self.accelerator.wait_for_everyone()
+        with run_files.room_errors(folder, need, then):
+            try:
+                # envhub's files, then the Trainer's, into the staging folder; renamed once all are whole.
+                self.on_checkpoint(staging)
+                self._get_output_dir = lambda trial=None: str(staging.parent)
+                try:
+                    super()._save_checkpoint(model, trial)
+                finally:
+                    del self._get_output_dir
+                self.accelerator.wait_for_everyone()
+                if self.accelerator.is_main_process:
+                    run_files.commit(folder)
+            except BaseException:
+                run_files.discard_partial(folder)
+                raise
+        if self.args.should_save:
+            rotate_checkpoints(str(run_dir), self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=True)
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
         super()._save(output_dir, state_dict)
