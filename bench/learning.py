@@ -415,7 +415,7 @@ def run_start(start: str, args: argparse.Namespace, parser: argparse.ArgumentPar
             values["max_steps"] = args.max_steps
         try:
             # Checked as `envhub train` checks a config: --set learning_rate=1e-4 (YAML's string) is a float.
-            merged = check_values(apply_overrides({**values, **run}, args.overrides), EnvGRPOConfig,
+            merged = check_values(apply_overrides({**values, **run}, args.overrides, EnvGRPOConfig), EnvGRPOConfig,
                                   extra=(*RUN_KEYS, *TRAIN_RUN_KEYS), source=str(configs[name]))
         except (ValueError, ConfigError) as error:
             parser.error(str(error))

@@ -663,7 +663,7 @@ def test_train_command_reports_before_and_after_and_draws_the_curve(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["advantage_estimator"] == "grpo" and results["held_out_episodes"] == 4
     assert results["warm_start"] == {
-        "demonstrator": "expert", "mapping_share": 1.0,  # which demonstrator ran (a format-only start says random)
+        "demonstrator": "expert", "mapping_share": 1.0, "world_model": False,  # which demonstrator ran (a format-only start says random)
         "steps": 2, "episodes": 4, "learning_rate": 1e-3, "batch_size": 16, "epsilon": 0.5,
         "dagger_rounds": 0, "dagger_episodes": 64, "dagger_steps": 100, "dagger_temperature": 1.0,
         "lr_schedule": "constant", "warmup_steps": 0, "max_grad_norm": 0.0,
