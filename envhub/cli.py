@@ -381,7 +381,8 @@ def run(
     spec(env_id)  # fail fast, with suggestions, on a typo
     chosen = _player(policy, env_id, seed)
     # A model knows the env settings it trained on (its checkpoint's envhub.json).
-    trained_kwargs, trained_turns = chosen.env_kwargs, chosen.max_turns
+    trained_kwargs = dict(chosen.settings.env_kwargs) if chosen.settings is not None else {}
+    trained_turns = chosen.settings.max_turns if chosen.settings is not None else None
     if trained_kwargs or trained_turns:
         click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
     overridden = sorted(key for key in env_kwargs if key in trained_kwargs and trained_kwargs[key] != env_kwargs[key])

@@ -27,10 +27,9 @@ from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequ
 from envhub.generation import Completion, Prompt
 from envhub.prompts import BARE_PROMPT, PromptSettings
 from envhub.registration import spec
+from envhub.settings import LAYOUTS, EnvSettings
 from envhub.trajectory import Trajectory, Turn
 
-#: The sample layouts: one sample per episode, or one per turn with a window of history.
-LAYOUTS = ("trajectory", "step")
 #: The settings an env of a mix may set for itself (``per_env``).
 PER_ENV = ("max_turns", "instructions", "system_prompt", "show_legal_actions")
 
@@ -189,6 +188,48 @@ class EnvGroupManager:
         self.last_states: list[EnvState] = []
         self._slots: list[_Slot] = []
         self._order: list[int] = []
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: EnvSettings | Mapping[EnvSettings, int],
+        num_groups: int | None = None,
+        group_size: int = 8,
+        *,
+        seed: int = 0,
+        tokenizer: Any | None = None,
+        executor: Any | None = None,
+    ) -> EnvGroupManager:
+        """The manager of one env's :class:`~envhub.settings.EnvSettings` (``num_groups`` groups),
+        or of a mix: a mapping from each env's settings to its number of groups, in order.
+
+        The envs of a mix may differ in env kwargs, turn limit and the prompt fields of
+        :data:`~envhub.prompts.ENV_PROMPT_FIELDS`; the rest (layout, reply format, context budget,
+        invalid streak...) is one per manager, as the first env's settings give it.
+
+        Raises:
+            ValueError: for a mix whose envs differ in a setting that is one per manager.
+        """
+        if isinstance(settings, EnvSettings):
+            return cls(
+                settings.env_id, num_groups, group_size, seed=seed, max_turns=settings.max_turns, env_kwargs=settings.env_kwargs,
+                layout=settings.layout, tokenizer=tokenizer, prompt=settings.prompt, executor=executor,
+                max_invalid_streak=settings.max_invalid_streak,
+            )
+        mix = list(settings.items())
+        first = mix[0][0]
+        shared = {name: None for name in PER_ENV if name != "max_turns"}
+        def held_once(s: EnvSettings) -> tuple[Any, ...]:
+            return s.layout, s.max_invalid_streak, dataclasses.replace(s.prompt, **shared)
+
+        for own, _ in mix[1:]:
+            if held_once(own) != held_once(first):
+                raise ValueError(f"{own.env_id} and {first.env_id} differ in a setting a manager holds once (only {list(PER_ENV)} and env kwargs may)")
+        return cls(
+            {s.env_id: count for s, count in mix}, num_groups, group_size, seed=seed, env_kwargs={s.env_id: s.env_kwargs for s, _ in mix},
+            per_env={s.env_id: {"max_turns": s.max_turns, **{name: getattr(s.prompt, name) for name in shared}} for s, _ in mix},
+            layout=first.layout, tokenizer=tokenizer, prompt=first.prompt, executor=executor, max_invalid_streak=first.max_invalid_streak,
+        )
 
     @property
     def num_envs(self) -> int:

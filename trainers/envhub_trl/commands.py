@@ -11,9 +11,9 @@ import click
 from envhub.error import EnvhubError
 from envhub.generation import ExpertGenerator, SamplingParams
 from envhub.manager import EnvGroupManager, group_seeds
-from envhub.prompts import SETTINGS_FILE, TrainedOn
-from envhub.rollout import batch_metrics, rollout
-from envhub_trl.evaluation import finished_counter, held_out_seeds, progress_bar
+from envhub.rollout import rollout
+from envhub.settings import SETTINGS_FILE, EnvSettings, TrainedOn
+from envhub_trl.evaluation import evaluate_generator, finished_counter, held_out_seeds, progress_bar, reference_figures
 
 
 @click.command("eval")
@@ -65,17 +65,10 @@ def eval_command(
     try:
         path = resolve_model(model_path, [env_id], base_seed)
         trained = _trained_on(path)
-        trained_prompt, env_kwargs, trained_turns = trained.for_env(env_id)
-        prompt = trained_prompt.replace(max_prompt_tokens=max_prompt_tokens, instructions=instructions, show_legal_actions=show_legal_actions)
-        for name, (was, now) in prompt.changes_from(trained_prompt).items():
-            click.echo(f"{name}: {now!r} instead of the trained {was!r}", err=True)
-        if max_turns is not None and trained_turns is not None and max_turns != trained_turns:
-            click.echo(f"max_turns: {max_turns} instead of the trained {trained_turns}", err=True)
-        max_turns = max_turns or trained_turns
-        if max_new_tokens is not None and trained.max_reply_tokens is not None and max_new_tokens != trained.max_reply_tokens:
-            click.echo(f"max_new_tokens: {max_new_tokens} instead of the trained {trained.max_reply_tokens}", err=True)
-        max_new_tokens = max_new_tokens or trained.max_reply_tokens or SamplingParams.max_new_tokens
-        held_out = trained.held_out if env_id == trained.env_id or env_id in trained.envs else None
+        held_out = trained.held_out if env_id in trained.envs else None
+        settings = _eval_settings(trained.for_env(env_id), held_out, max_turns, max_new_tokens, {
+            "max_prompt_tokens": max_prompt_tokens, "instructions": instructions, "show_legal_actions": show_legal_actions,
+        })
         if seed is None and held_out is not None:
             episodes = episodes or held_out["episodes"]
             seeds = held_out_seeds(held_out["seed_offset"], episodes)
@@ -83,22 +76,15 @@ def eval_command(
         else:
             episodes = episodes or 32
             seeds = group_seeds(base_seed, 0, episodes)
-        streak = held_out["max_invalid_streak"] if held_out is not None else None
         kind = kind or ("vllm" if held_out is not None and held_out["generator"].startswith("vllm") else "hf")
         try:
             generator = make_generator(kind, path, env_ids=[env_id], seed=base_seed)
         except OSError as exc:  # a hub id that is neither cached nor downloadable here
             raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
-        manager = EnvGroupManager(
-            env_id, episodes, 1, seed=base_seed, max_turns=max_turns, env_kwargs=env_kwargs,
-            tokenizer=generator.tokenizer, prompt=prompt, max_invalid_streak=streak, layout=trained.layout,
-        )
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=base_seed)
-        with progress_bar("episodes", episodes) as bar:
-            trajectories = rollout(manager, generator, sampling, seeds=seeds, on_turn=finished_counter(bar))
+        sampling = SamplingParams(max_new_tokens=settings.max_reply_tokens, temperature=temperature, seed=base_seed)
+        metrics = evaluate_generator(generator, generator.tokenizer, settings, seeds, sampling, label="episodes")
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
-    metrics = batch_metrics(trajectories)
     report = {
         "env_id": env_id,
         "episodes": episodes,
@@ -107,7 +93,7 @@ def eval_command(
         "invalid_action_rate": metrics["invalid_action_rate"],
         "mean_turns": metrics["mean_turns"],
     }
-    extra = {} if no_references else _references(env_id, seeds, base_seed, max_turns, env_kwargs)
+    extra = {} if no_references else _references(settings, seeds, base_seed)
     if as_json:
         click.echo(json.dumps({**report, **extra}))
         return
@@ -123,27 +109,40 @@ def eval_command(
 
 
 def _trained_on(path: str) -> TrainedOn:
-    """The prompt settings and env a model folder trained on (defaults for models envhub did not train)."""
+    """The env settings a model folder trained with (none for models envhub did not train)."""
     trained = TrainedOn.load(path)  # None for a hub id or a folder envhub did not write
     if trained is None:
         return TrainedOn()
-    envs = ", ".join(trained.envs) if trained.envs else trained.env_id
+    envs = ", ".join(trained.envs)
     click.echo(f"prompt settings from {Path(path) / SETTINGS_FILE} (trained on {envs})", err=True)
     return trained
 
 
-def _references(env_id: str, seeds: list[int], seed: int, max_turns: int | None, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The reference policies on the seeds ``eval`` played (``seed``: the random policy's)."""
-    from envhub.baselines import best_open_loop, reference_policies
-    from envhub.error import PolicyError
+def _eval_settings(
+    trained: EnvSettings, held_out: dict[str, Any] | None, max_turns: int | None, max_new_tokens: int | None, prompt_flags: dict[str, Any]
+) -> EnvSettings:
+    """The settings ``eval`` plays: those the model trained with, each flag given laid over them
+    (saying so on stderr where it differs), and the run's invalid-reply streak on its held-out env."""
+    prompt = trained.prompt.replace(**prompt_flags)
+    for name, (was, now) in prompt.changes_from(trained.prompt).items():
+        click.echo(f"{name}: {now!r} instead of the trained {was!r}", err=True)
+    if max_turns is not None and trained.max_turns is not None and max_turns != trained.max_turns:
+        click.echo(f"max_turns: {max_turns} instead of the trained {trained.max_turns}", err=True)
+    if max_new_tokens is not None and trained.max_reply_tokens is not None and max_new_tokens != trained.max_reply_tokens:
+        click.echo(f"max_new_tokens: {max_new_tokens} instead of the trained {trained.max_reply_tokens}", err=True)
+    return trained.replace(
+        prompt=prompt,
+        max_turns=max_turns or trained.max_turns,
+        max_reply_tokens=max_new_tokens or trained.max_reply_tokens or SamplingParams.max_new_tokens,
+        max_invalid_streak=held_out["max_invalid_streak"] if held_out is not None else None,
+    )
 
+
+def _references(settings: EnvSettings, seeds: list[int], seed: int) -> dict[str, Any]:
+    """The reference policies on the seeds ``eval`` played (``seed``: the random policy's)."""
     click.echo("reference policies on the same seeds...", err=True)
     try:
-        open_loop = best_open_loop(env_id, seeds, max_turns, env_kwargs)
-    except PolicyError:
-        open_loop = None
-    try:
-        references = reference_policies(env_id, seeds, max_turns=max_turns, env_kwargs=env_kwargs, seed=seed, open_loop=open_loop)
+        references, open_loop = reference_figures(settings, seeds, seed=seed)
     except EnvhubError as exc:
         raise click.ClickException(str(exc)) from exc
     return {
@@ -171,7 +170,7 @@ def export_sft_command(env_id: str, episodes: int, out_dir: str, seed: int, max_
     except OSError as exc:
         raise click.ClickException(f"--out {out_dir}: cannot create the folder ({exc.strerror or exc}); pick a folder you can write") from None
     try:
-        manager = EnvGroupManager(env_id, episodes, 1, seed=seed, max_turns=max_turns)
+        manager = EnvGroupManager.from_settings(EnvSettings(env_id, max_turns=max_turns), episodes, 1, seed=seed)
         with progress_bar("episodes", episodes) as bar:
             trajectories = rollout(manager, ExpertGenerator(), SamplingParams(), on_turn=finished_counter(bar))
     except EnvhubError as exc:

@@ -65,12 +65,11 @@ from envhub_trl.mix import EnvEntry, parse_envs
 
 from envhub.executors import EXECUTORS
 from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
-from envhub.prompts import PROMPT_BOUNDS, PromptSettings, TrainedOn
+from envhub.prompts import PROMPT_BOUNDS, PromptSettings
+from envhub.settings import LAYOUTS, EnvSettings, TrainedOn
 
 NORMS = ("mean", "mean_std", "relative")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
-#: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
-LAYOUTS = ("trajectory", "step")
 RATIO_TYPES = ("token", "segment")
 #: The prompt settings' defaults, which the flat prompt fields below take (declared once, in PromptSettings).
 PROMPT_DEFAULTS = PromptSettings()
@@ -412,54 +411,33 @@ class EnvGRPOConfig(GRPOConfig):
         (one entry without ``envs``)."""
         return list(self._entries)
 
-    def manager_kwargs_for(self, entry: EnvEntry) -> dict[str, Any]:
-        """The single-env :class:`~envhub.manager.EnvGroupManager` keyword arguments of one env
-        of the run (held-out evaluation, the warm start, reference policies)."""
-        return {
-            **self.prompt_settings().replace(**entry.prompt).manager_kwargs(),
-            "max_turns": entry.max_turns if entry.max_turns is not None else self.max_turns,
-            "env_kwargs": dict(entry.env_kwargs),
-            "layout": self.sample_layout,
-        }
-
-    def eval_manager_kwargs_for(self, entry: EnvEntry, *, model: bool = True) -> dict[str, Any]:
-        """:meth:`manager_kwargs_for` for held-out evaluation: the model's episodes (``model``)
-        end after ``eval_max_invalid_streak`` invalid replies in a row; a reference policy's do not."""
-        return {**self.manager_kwargs_for(entry), "max_invalid_streak": self.eval_max_invalid_streak if model else None}
-
-    def mix_manager_kwargs(self, entries: list[EnvEntry]) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a manager whose
-        partition holds ``entries``' env ids (training batches): the run's settings, with each
-        env's own as ``env_kwargs`` and ``per_env``."""
-        return {
-            **self.prompt_settings().manager_kwargs(),
-            "max_turns": self.max_turns,
-            "env_kwargs": {e.env_id: e.env_kwargs for e in entries},
-            "per_env": {e.env_id: e.per_env() for e in entries},
-            "layout": self.sample_layout,
-        }
+    def env_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
+        """How training plays one env of the run (default: the first), as one value: its env
+        kwargs, its turn limit (else the run's), the run's layout and reply budget, and the run's
+        prompt settings with the env's own overrides. Held-out evaluation adds its invalid streak
+        (``eval_max_invalid_streak``) to the model's episodes; training plays every turn."""
+        entry = entry if entry is not None else self._entries[0]
+        return EnvSettings(
+            entry.env_id,
+            env_kwargs=dict(entry.env_kwargs),
+            max_turns=entry.max_turns if entry.max_turns is not None else self.max_turns,
+            layout=self.sample_layout,
+            prompt=self.prompt_settings().replace(**entry.prompt),
+            max_reply_tokens=self.max_turn_tokens,
+        )
 
     def curriculum_schedule(self) -> Curriculum | None:
         """The parsed ``curriculum`` (None without one)."""
         return None if self.curriculum is None else Curriculum.from_mapping(self.curriculum, [e.env_id for e in self._entries])
 
     def trained_on(self) -> TrainedOn:
-        """The prompt settings and the environment(s) of this run, as a checkpoint records them."""
-        first = self._entries[0]
-        envs = {}
-        if self.envs is not None:
-            envs = {
-                e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": self.manager_kwargs_for(e)["max_turns"], "prompt": dict(e.prompt)}
-                for e in self._entries
-            }
+        """Each env's settings and the held-out evaluation of this run, as a checkpoint records them."""
         return TrainedOn(
-            self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs,
-            max_reply_tokens=self.max_turn_tokens,
+            {e.env_id: self.env_settings(e) for e in self._entries},
             held_out={
                 "seed_offset": self.eval_seed_offset, "episodes": self.eval_episodes,
                 "max_invalid_streak": self.eval_max_invalid_streak, "generator": self.generator,
             },
-            layout=self.sample_layout,
         )
 
     def estimator_settings(self) -> EstimatorSettings:
@@ -476,11 +454,6 @@ class EnvGRPOConfig(GRPOConfig):
             lam=self.lam,
         )
 
-    def manager_kwargs(self) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a single-env run
-        (``env_id``'s; :meth:`manager_kwargs_for` gives any env of a mix)."""
-        return self.manager_kwargs_for(self._entries[0])
-
     def check_envs(self) -> None:
         """Make (and close) each env of the run with its ``env_kwargs`` and turn limit, so that a
         setting the env refuses stops the run before a model loads, naming the setting; otherwise
@@ -489,14 +462,12 @@ class EnvGRPOConfig(GRPOConfig):
         Raises:
             ValueError: naming the env, its ``env_kwargs`` and the env's own reason.
         """
-        from envhub.registration import make
-
         for entry in self._entries:
-            settings = self.manager_kwargs_for(entry)
+            settings = self.env_settings(entry)
             try:
-                make(entry.env_id, max_turns=settings["max_turns"], **settings["env_kwargs"]).close()
+                settings.make().close()
             except (TypeError, ValueError) as exc:
-                given = ", ".join(f"{key}={value!r}" for key, value in settings["env_kwargs"].items()) or "none"
+                given = ", ".join(f"{key}={value!r}" for key, value in settings.env_kwargs.items()) or "none"
                 raise ValueError(f"{entry.env_id} refuses its env_kwargs ({given}): {exc}") from exc
 
     def _pick_device_defaults(self) -> None:

@@ -33,6 +33,7 @@ import torch
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import RolloutStats, rollout
+from envhub.settings import LAYOUTS
 from envhub.trajectory import Sample, Trajectory, batch_columns
 from envhub_trl.advantages import select_groups
 from envhub_trl.critic import turn_starts, value_positions
@@ -52,8 +53,6 @@ from envhub_trl.rollout_batch import (
 
 #: ``collect(local_list) -> the concatenation of every process's lists`` (one process: the identity).
 Collect = Callable[[list[Any]], list[Any]]
-#: The sample layouts: one row per episode, or one per turn.
-LAYOUTS = ("trajectory", "step")
 
 
 def _alone(values: list[Any]) -> list[Any]:

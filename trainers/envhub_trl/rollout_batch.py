@@ -19,7 +19,6 @@ import torch
 
 from envhub.error import EnvhubError, NonFiniteReward
 from envhub.trajectory import Sample, Trajectory, Turn
-from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate
 
 #: What training does with an episode that has a NaN or infinite reward (``nonfinite_rewards``):
@@ -110,23 +109,20 @@ def turn_advantages(
     estimator: str,
     settings: EstimatorSettings | None = None,
     *,
-    drop_tied: bool = False,
-    keep_fraction: float = 1.0,
     keep: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Each turn's (or model token's) advantage under the registered ``estimator``
-    (:mod:`envhub_trl.estimators`), and which episodes the group filter keeps.
+    (:mod:`envhub_trl.estimators`), zero on the episodes the group filter dropped.
 
-    ``keep`` is the group filter's verdict per episode when the caller already has it
-    (:func:`~envhub_trl.advantages.select_groups` with ``drop_tied`` and ``keep_fraction``);
-    otherwise it is computed here.
+    ``keep`` is the group filter's verdict per episode (:func:`~envhub_trl.advantages.select_groups`,
+    which the pipeline's screen stage applies); None keeps every episode.
 
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
         of dropped groups, and ``keep`` (per episode).
     """
     if keep is None:
-        keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+        keep = np.ones(len(batch.returns), dtype=bool)
     out = dict(estimate(estimator, batch, settings))
     if "token_advantages" in out:
         out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)

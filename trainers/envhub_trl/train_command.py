@@ -110,34 +110,18 @@ def _mean_over_envs(per_env: dict[str, Any]) -> Any:
 
 
 def _references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
-    """The reference policies on the same held-out seeds (the scale of the table, see
-    :func:`envhub.baselines.reference_policies`), and the open-loop search behind one of them
-    (None where the env has no finite action list), for one env of the run. Random and expert
-    play through ``evaluate_env``, under the training prompt settings."""
-    from envhub.baselines import best_open_loop, reference_policies
-    from envhub.error import PolicyError
-    from envhub_trl.evaluation import held_out_seeds
+    """The reference policies and the open-loop search on the held-out seeds of one env of the run
+    (:func:`envhub_trl.evaluation.reference_figures`); random and expert play through
+    ``evaluate_env``, under the training prompt settings."""
+    from envhub_trl.evaluation import held_out_seeds, reference_figures
 
     args = trainer.args
     seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-    settings = args.manager_kwargs_for(entry)
-    searched = time.perf_counter()
     click.echo(f"reference policies on the {len(seeds)} held-out seeds of {entry.env_id}: searching the best open-loop policy", err=True)
-    try:
-        open_loop = best_open_loop(entry.env_id, seeds, settings["max_turns"], settings["env_kwargs"])
-    except PolicyError:
-        open_loop = None
-    else:
-        how = "exhaustive" if open_loop.exhaustive else f"beam of {open_loop.beam_width}"
-        click.echo(f"open-loop search: {open_loop.joint_states} joint states ({how}) in {time.perf_counter() - searched:.1f}s", err=True)
-    references = reference_policies(
-        entry.env_id, seeds, max_turns=settings["max_turns"], env_kwargs=settings["env_kwargs"], seed=args.seed,
-        tokenizer=trainer.processing_class, open_loop=open_loop,
-        play=lambda generator: trainer.evaluate_env(
-            seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}"
-        )["success_rate"],
+    return reference_figures(
+        args.env_settings(entry), seeds, seed=args.seed, tokenizer=trainer.processing_class, say=_say,
+        play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}")["success_rate"],
     )
-    return references, open_loop
 
 
 def _periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any:
@@ -310,8 +294,7 @@ def run_training(
                     click.echo(f"warm start: {warm_start.describe()}", err=True)
                     begun = time.perf_counter()
                     warm_start.run_on(
-                        model, tokenizer, [(e.env_id, args.manager_kwargs_for(e)) for e in entries], args.seed,
-                        reply_tokens=args.max_turn_tokens, on_round=_dagger_progress, bf16=bool(args.bf16),
+                        model, tokenizer, [args.env_settings(e) for e in entries], args.seed, on_round=_dagger_progress, bf16=bool(args.bf16),
                     )
                     phase_seconds["warm_start"] = time.perf_counter() - begun
                     fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start

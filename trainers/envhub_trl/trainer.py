@@ -148,11 +148,6 @@ class EnvGRPOTrainer(TRLBridge):
     # ------------------------------------------------------------------ generation
 
     @property
-    def _manager(self) -> EnvGroupManager | None:
-        """The manager training batches play through (the main thread's)."""
-        return self._managers.get("main", (None, None))[0]
-
-    @property
     def generator(self) -> Generator:
         """The generator of ``args.generator``, holding the current weights of the trained model.
 
@@ -225,14 +220,15 @@ class EnvGRPOTrainer(TRLBridge):
             if row_envs[i] in partition and list(partition)[-1] != row_envs[i]:
                 raise RuntimeError(f"the rows of env {row_envs[i]} are not contiguous in this process's batch")
             partition[row_envs[i]] = partition.get(row_envs[i], 0) + 1
-        kwargs = self.args.mix_manager_kwargs([entry for entry in entries if entry.env_id in partition])
-        key = (tuple(partition.items()), size, repr(kwargs))
+        by_id = {entry.env_id: self.args.env_settings(entry) for entry in entries}
+        groups = {by_id[env_id]: count for env_id, count in partition.items()}
+        key = (tuple((repr(s), count) for s, count in groups.items()), size)
         manager, known = self._managers.get(owner, (None, None))
         if manager is None or known != key:
             if manager is not None:
                 manager.close()
             executor = make_executor(self.args.env_executor, self.args.env_workers, self.args.env_step_timeout)
-            manager = EnvGroupManager(partition, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor, **kwargs)
+            manager = EnvGroupManager.from_settings(groups, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor)
             self._managers[owner] = (manager, key)
         return manager, seeds[::size]
 
@@ -452,8 +448,9 @@ class EnvGRPOTrainer(TRLBridge):
             top_k=args.top_k or 0,
             seed=args.seed,
         )
-        env = env if env is not None else args.env_entries()[0]
-        settings = args.eval_manager_kwargs_for(env, model=generator is None)
+        settings = args.env_settings(env)
+        if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
+            settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
         with self._generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
-            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, members=pass_k, **settings)
+            return evaluate_generator(generator, self.processing_class, settings, seeds, sampling, label=label, members=pass_k)
