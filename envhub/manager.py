@@ -162,23 +162,8 @@ class EnvGroupManager:
         self.fmt = self.formats[self.group_env_ids[0]]
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions, show_turns)
         self.instructions = instructions
-        unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in (per_env or {}).items()}
-        unknown = {i: keys for i, keys in unknown.items() if keys}
-        if unknown or set(per_env or {}) - set(partition):
-            raise ValueError(
-                f"per_env takes, for env ids of the mix {sorted(partition)}, the settings {list(PER_ENV)}; got {dict(per_env or {})}"
-            )
-        defaults = {"max_turns": max_turns, "instructions": instructions, "system_prompt": system_prompt, "show_legal_actions": show_legal_actions}
         #: Per env id: its turn limit, instructions override and renderer.
-        self._per_env: dict[str, tuple[int | None, str | None, ChatRenderer]] = {}
-        renderers = {(self.fmt, system_prompt, show_legal_actions): self.renderer}
-        for i in partition:
-            own = {**defaults, **(per_env or {}).get(i, {})}
-            key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
-            renderer = renderers.get(key)
-            if renderer is None:
-                renderer = renderers[key] = ChatRenderer(*key, show_turns=show_turns)
-            self._per_env[i] = (own["max_turns"], own["instructions"], renderer)
+        self._per_env = self._per_env_settings(partition, per_env or {}, max_turns)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
@@ -230,6 +215,33 @@ class EnvGroupManager:
             per_env={s.env_id: {"max_turns": s.max_turns, **{name: getattr(s.prompt, name) for name in shared}} for s, _ in mix},
             layout=first.layout, tokenizer=tokenizer, prompt=first.prompt, executor=executor, max_invalid_streak=first.max_invalid_streak,
         )
+
+    def _per_env_settings(
+        self, partition: Mapping[str, int], per_env: Mapping[str, Mapping[str, Any]], max_turns: int | None
+    ) -> dict[str, tuple[int | None, str | None, ChatRenderer]]:
+        """Each env id's turn limit, instructions override and renderer: the manager's, with what
+        ``per_env`` sets for that id (a renderer is shared by the ids that render alike)."""
+        unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in per_env.items()}
+        unknown = {i: keys for i, keys in unknown.items() if keys}
+        if unknown or set(per_env) - set(partition):
+            raise ValueError(
+                f"per_env takes, for env ids of the mix {sorted(partition)}, the settings {list(PER_ENV)}; got {dict(per_env)}"
+            )
+        prompt = self.prompt
+        defaults = {
+            "max_turns": max_turns, "instructions": prompt.instructions, "system_prompt": prompt.system_prompt,
+            "show_legal_actions": prompt.show_legal_actions,
+        }
+        out = {}
+        renderers = {(self.fmt, prompt.system_prompt, prompt.show_legal_actions): self.renderer}
+        for i in partition:
+            own = {**defaults, **per_env.get(i, {})}
+            key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
+            renderer = renderers.get(key)
+            if renderer is None:
+                renderer = renderers[key] = ChatRenderer(*key, show_turns=prompt.show_turns)
+            out[i] = (own["max_turns"], own["instructions"], renderer)
+        return out
 
     @property
     def num_envs(self) -> int:
