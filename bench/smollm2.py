@@ -153,7 +153,7 @@ def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: 
 def recipe_config(config: Path, overrides: list[str], out: str, **fields: object) -> tuple[EnvGRPOConfig, object, LoraSettings | None]:
     """The recipe's ``EnvGRPOConfig`` on the CPU (with ``fields`` set), its warm start and its LoRA settings,
     read as ``envhub train`` reads the file and its ``KEY=VALUE`` overrides."""
-    from envhub_trl.train_command import load_config_file, split_warm_start
+    from envhub_trl.run import load_config_file, split_warm_start
 
     values = load_config_file(str(config), overrides)
     warm_start = split_warm_start(values, str(config))
@@ -208,21 +208,21 @@ def warm_start_run(config: Path, episodes: int, out: str, overrides: list[str]) 
     success after it, and the reference policies on the same seeds."""
     from envhub_trl.lora import fold_adapter
     from envhub_trl.models import load_model_and_tokenizer
-    from envhub_trl.train_command import _evaluate, _references
+    from envhub_trl.run import evaluate, references
 
     args, warm_start, lora = recipe_config(config, overrides, out, eval_episodes=episodes)
     entry = args.env_entries()[0]
     model, tokenizer = load_model_and_tokenizer(SMOLLM2, [entry.env_id], args.seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
     figures = {"recipe": str(config), "overrides": overrides, "warm_start": warm_start.describe(), "held_out_episodes": episodes}
-    figures["zero_shot"] = _evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
+    figures["zero_shot"] = evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
     start = time.perf_counter()
     warm_start.run_on(model, tokenizer, [args.env_settings(entry)], args.seed, bf16=bool(args.bf16))
     figures["warm_start_seconds"] = time.perf_counter() - start
     fold_adapter(trainer.accelerator.unwrap_model(trainer.model))
     trainer.weights_changed()
-    figures["after_warm_start"] = _evaluate(trainer, "after warm start (SFT)")[entry.env_id]["greedy"]
-    figures["references"], _ = _references(trainer, entry)
+    figures["after_warm_start"] = evaluate(trainer, "after warm start (SFT)")[entry.env_id]["greedy"]
+    figures["references"], _ = references(trainer, entry)
     print(f"{entry.env_id}: zero-shot {figures['zero_shot']['success_rate']:.1%}, after a {figures['warm_start_seconds'] / 60:.1f}-minute "
           f"warm start {figures['after_warm_start']['success_rate']:.1%} greedy; references "
           + ", ".join(f"{name} {rate:.1%}" for name, rate in figures["references"].items()), flush=True)
@@ -238,7 +238,7 @@ def recipe_run(config: Path, out: Path, overrides: list[str], reuse: bool) -> di
     zero-shot, after the warm start and after RL, the references, the phases' wall time) and
     what ``eval`` gives on the same seeds. With ``reuse``, a finished run in ``out`` made with
     exactly this recipe, these overrides and this model is read instead of trained again."""
-    from envhub_trl.train_command import load_config_file, split_warm_start
+    from envhub_trl.run import load_config_file, split_warm_start
 
     values = load_config_file(str(config), overrides)
     warm_start = split_warm_start(values, str(config))

@@ -30,7 +30,7 @@ from envhub_trl.evaluation import evaluate_generator  # noqa: E402
 from envhub_trl.generators.hf import HFGenerator  # noqa: E402
 from envhub_trl.models import load_model_and_tokenizer  # noqa: E402
 from envhub_trl.tiny import TinySpec  # noqa: E402
-from envhub_trl.train_command import load_config_file  # noqa: E402
+from envhub_trl.run import load_config_file  # noqa: E402
 from envhub_trl.warm_start import WarmStart  # noqa: E402
 
 VALIDATION_OFFSET = 500_000_000

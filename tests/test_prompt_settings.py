@@ -96,7 +96,7 @@ def test_the_config_takes_prompt_settings_as_one_mapping_or_as_flat_keys(tmp_pat
 
 def test_a_yaml_config_takes_a_prompt_mapping_and_flat_keys(tmp_path):
     pytest.importorskip("envhub_trl")
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     nested = tmp_path / "nested.yaml"
     nested.write_text("prompt:\n  history_turns: 1\n  format_penalty: -0.1\n")

@@ -736,7 +736,7 @@ def test_a_bad_config_file_is_named_by_field_and_type_before_anything_loads(tmp_
 
 def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
     from envhub.cli import cli
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     config = tmp_path / "run.yaml"
     config.write_text("learning_rate: 1e-4\ngroup_size: '4'\nwarm_start: {steps: 5}\n")
@@ -750,7 +750,7 @@ def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
 
 
 def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_boolean(tmp_path):
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     values = load_config_file(None, ["save_strategy=no", "eval_strategy=no", "use_cpu=true", "bf16=no"])
     assert values == {"save_strategy": "no", "eval_strategy": "no", "use_cpu": True, "bf16": False}
@@ -1078,7 +1078,7 @@ def test_pass_at_k_counts_a_seed_solved_when_any_of_its_k_episodes_is():
 
 
 def test_choice_entropies_are_the_legal_first_tokens_renormalised_entropy():
-    from envhub_trl.trainer import choice_entropies
+    from envhub_trl.pipeline import choice_entropies
 
     torch.manual_seed(0)
     head = torch.nn.Linear(4, 6, bias=False)

@@ -289,7 +289,7 @@ def save(trainer: Any, folder: str | Path) -> None:
         "base_weights": adapter,
     }
     (folder / RUN_STATE_FILE).write_text(json.dumps(state, indent=1))
-    record = getattr(trainer, "run_record", None)  # envhub train's; None for a trainer used from Python
+    record = trainer.run_record  # envhub train's; None for a trainer used from Python
     if record is not None:
         (folder / RECORD_FILE).write_text(json.dumps(record, indent=1))
 

@@ -57,23 +57,6 @@ def seed_dataset(num_seeds: int) -> Dataset:
     return Dataset.from_dict({"prompt": [f"env seed {s}" for s in seeds], "env_seed": seeds})
 
 
-def choice_entropies(head: Any, hidden: torch.Tensor, inputs: dict[str, Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The entropy of each choice point's distribution over its legal first tokens
-    (:func:`~envhub_trl.pipeline.choice_points`), renormalised: the output layer ``head`` applied to
-    the final hidden states ``(rows, length, size)`` at the points alone, for those tokens alone.
-    Returns ``(entropies, points)``, each ``(rows, k)``; ``points`` marks the real choice points."""
-    positions, tokens, mask = inputs["choice_positions"], inputs["choice_tokens"], inputs["choice_mask"]
-    states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (rows, k, size)
-    logits = torch.einsum("rkh,rkmh->rkm", states, head.weight[tokens].to(states.dtype))
-    if getattr(head, "bias", None) is not None:
-        logits = logits + head.bias[tokens]
-    logits = (logits.float() / temperature).masked_fill(mask == 0, float("-inf"))
-    points = mask.sum(-1) > 0
-    logp = torch.log_softmax(logits.masked_fill(~points.unsqueeze(-1), 0.0), -1)
-    entropy = -(logp.exp() * logp.masked_fill(mask == 0, 0.0)).sum(-1)
-    return entropy, points
-
-
 class EnvGRPOTrainer(TRLBridge):
     """GRPO/GiGPO on an envhub environment; needs no dataset (prompts are env seeds).
 
@@ -127,6 +110,9 @@ class EnvGRPOTrainer(TRLBridge):
                 peft_config=peft_config,
                 rollout_func=self.rollout_columns,
             )
+        #: What a checkpoint keeps of ``envhub train``'s run (:func:`envhub_trl.run_state.save` writes it;
+        #: :class:`envhub_trl.run.TrainingRun` sets it); None for a trainer used from Python.
+        self.run_record: dict[str, Any] | None = None
         self._managers: dict[str, tuple[EnvGroupManager, Any]] = {}  # owner ("main", "async") -> (manager, its key)
         self._async: AsyncRollouts | None = None  # rollout_mode="async": the producer thread
         self._async_batches = 0  # generation batches taken from it
@@ -356,7 +342,7 @@ class EnvGRPOTrainer(TRLBridge):
                 loss = loss + self.args.vf_coef * value_loss / scale
             if choices:
                 head = self.accelerator.unwrap_model(model).get_output_embeddings()
-                entropy, points = choice_entropies(head, states, inputs, self.temperature)
+                entropy, points = pipeline.choice_entropies(head, states, inputs, self.temperature)
                 if points.any():
                     # Weighted as the policy loss weighs a token (over the micro-batch's model tokens), so
                     # the coefficient keeps its meaning against the advantage whatever the replies' length.
