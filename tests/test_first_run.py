@@ -59,7 +59,7 @@ def test_evaluation_cuts_the_models_episodes_but_not_the_reference_policies(tmp_
     assert args.eval_max_invalid_streak == 3
     assert args.env_settings(entry).max_invalid_streak is None  # training, and the reference policies, play every turn
     played = []
-    trainer = types.SimpleNamespace(args=args, processing_class=None, generator=None, _generator_lock=contextlib.nullcontext())
+    trainer = types.SimpleNamespace(args=args, processing_class=None, generator=None, generator_lock=contextlib.nullcontext())
     monkeypatch.setattr(trainer_module, "evaluate_generator", lambda generator, tokenizer, settings, *a, **k: played.append(settings) or {})
     trainer_module.EnvGRPOTrainer.evaluate_env(trainer, [1])
     trainer_module.EnvGRPOTrainer.evaluate_env(trainer, [1], generator=object())

@@ -25,11 +25,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from envhub.error import EnvhubError
+
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
 
 #: Held-out evaluation stages, in the order the table lists them.
 STAGES = ("initial model", "after warm start (SFT)", "after RL")
@@ -261,7 +264,7 @@ def _resume_point(spec: RunSpec, resume: str | bool | None, overwrite: bool) -> 
     return checkpoint, record
 
 
-def evaluate(trainer: Any, stage: str) -> dict[str, dict[str, dict[str, float]]]:
+def evaluate(trainer: EnvGRPOTrainer, stage: str) -> dict[str, dict[str, dict[str, float]]]:
     """Per env of the run, held-out metrics of the greedy policy and, with ``eval_sampled``, of the
     policy sampled as in training (echoed to stderr, with the episodes cut for invalid replies)."""
     out = {}
@@ -285,7 +288,7 @@ def evaluate(trainer: Any, stage: str) -> dict[str, dict[str, dict[str, float]]]
     return out
 
 
-def references(trainer: Any, entry: Any) -> tuple[dict[str, float], Any]:
+def references(trainer: EnvGRPOTrainer, entry: Any) -> tuple[dict[str, float], Any]:
     """The reference policies and the open-loop search on the held-out seeds of one env of the run
     (:func:`envhub_trl.evaluation.reference_figures`); random and expert play through
     ``evaluate_env``, under the training prompt settings."""
@@ -326,7 +329,7 @@ class TrainingRun:
 
     def __init__(self, spec: RunSpec, checkpoint: Path | None = None, record: dict[str, Any] | None = None):
         self.spec, self.checkpoint, self.record = spec, checkpoint, record
-        self.trainer: Any = None
+        self.trainer: EnvGRPOTrainer | None = None
         self.evaluations: dict[str, Any] = {}
         self.before_rl = 0
         self.phase_seconds: dict[str, float | None] = {"warm_start": None, "rl": None}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import torch
@@ -27,11 +27,14 @@ from transformers import TrainerCallback
 from envhub_trl import run_files
 from envhub_trl.evaluation import held_out_seeds
 
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
+
 #: The best policy's weights, in the run's output folder.
 BEST_FILE = "validation-best.pt"
 
 
-def greedy_point(trainer: Any, step: int, what: str, seeds: list[int] | None = None) -> dict[str, Any]:
+def greedy_point(trainer: EnvGRPOTrainer, step: int, what: str, seeds: list[int] | None = None) -> dict[str, Any]:
     """Greedy success of ``trainer``'s policy at optimizer ``step`` on ``seeds`` (None: the held-out
     ones) for every env of the run: ``{"step", "greedy"}`` (the mean over envs), with ``per_env``
     for a mix. ``what`` names the seeds in the progress labels."""
@@ -109,7 +112,7 @@ class ValidationSelection(TrainerCallback):
               f"{self.points[-1]['greedy']:.1%})", file=sys.stderr, flush=True)
 
 
-def periodic_evaluation(trainer: Any, points: list[dict[str, Any]] = ()) -> Any:
+def periodic_evaluation(trainer: EnvGRPOTrainer, points: list[dict[str, Any]] = ()) -> Any:
     """With ``eval_steps`` set, a callback (added to ``trainer``) that measures held-out greedy
     success every ``eval_steps`` optimizer steps, as ROLL's validation runs do, so that a run that
     peaks and then collapses shows it; None without ``eval_steps``. ``points`` are those a resumed

@@ -115,8 +115,8 @@ class EnvGRPOTrainer(TRLBridge):
         self.run_record: dict[str, Any] | None = None
         self._managers: dict[str, tuple[EnvGroupManager, Any]] = {}  # owner ("main", "async") -> (manager, its key)
         self._async: AsyncRollouts | None = None  # rollout_mode="async": the producer thread
-        self._async_batches = 0  # generation batches taken from it
-        self._generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
+        self.async_batches = 0  # generation batches taken from it
+        self.generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
         schedule = args.curriculum_schedule()
         self.curriculum: CurriculumState | None = CurriculumState(schedule) if schedule is not None else None
         self._generator: Generator | None = generator
@@ -179,7 +179,7 @@ class EnvGRPOTrainer(TRLBridge):
             self._synced_step = self.state.global_step  # it starts from the current weights
         return generator
 
-    def _manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
+    def manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
         """The manager for this process's rows of a generation batch (their env seeds, in order)
         and the seeds to reset its groups with.
 
@@ -218,7 +218,7 @@ class EnvGRPOTrainer(TRLBridge):
             self._managers[owner] = (manager, key)
         return manager, seeds[::size]
 
-    def _sampling(self, batch: int | None = None) -> SamplingParams:
+    def training_sampling(self, batch: int | None = None) -> SamplingParams:
         """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
         index = self.accelerator.process_index
         position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
@@ -245,10 +245,10 @@ class EnvGRPOTrainer(TRLBridge):
         if args.rollout_mode == "async" and mode == "train":
             trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
         else:
-            manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
+            manager, reset_seeds = self.manager_for(self._batch_seeds, group_size)
             play_mode = "lockstep" if args.rollout_mode == "lockstep" else "continuous"
-            with self._generator_lock:
-                trajectories, stats = pipeline.play(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode)
+            with self.generator_lock:
+                trajectories, stats = pipeline.play(manager, self.generator, self.training_sampling(), seeds=reset_seeds, mode=play_mode)
         self.log_metrics(mode, stats.metrics())
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
@@ -293,14 +293,20 @@ class EnvGRPOTrainer(TRLBridge):
 
     # ------------------------------------------------------------------ async rollouts
 
+    def stop_async(self) -> None:
+        """Stop the async producer, if one runs (training ended: it would play one batch too many)."""
+        if self._async is not None:
+            self._async.close()
+            self._async = None
+
     def _async_batch(self, rows: int, group_size: int) -> tuple[list[Trajectory], RolloutStats, int]:
         """The next generation batch from the producer thread (started on the first call): post
         the current weights as this batch's version, take the batch, return it with its staleness."""
         model = self.accelerator.unwrap_model(self.model)
         if self._async is None:
             self._async = start_producer(self, model, rows, group_size)
-        batch = self._async_batches
-        self._async_batches += 1
+        batch = self.async_batches
+        self.async_batches += 1
         # Under the base model's names, a LoRA model's adapters merged in: what a generator loads.
         self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in merged_weights(model).items()})
         trajectories, stats, version = self._async.take(batch)
@@ -437,6 +443,6 @@ class EnvGRPOTrainer(TRLBridge):
         settings = args.env_settings(env)
         if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
             settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
-        with self._generator_lock:  # an async producer may be sampling on the same engine
+        with self.generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
             return evaluate_generator(generator, self.processing_class, settings, seeds, sampling, label=label, members=pass_k)

@@ -15,7 +15,7 @@ alone. What it reaches:
 - ``GRPOTrainer._metrics`` and ``_logs``: where TRL averages the logged metrics, and its
   completions log (:meth:`TRLBridge.log_metrics`, :meth:`TRLBridge.log_row_advantages`).
 - ``GRPOTrainer._step`` and ``_buffered_inputs``: the micro-step counter and the generation batch
-  being trained, which a resumed run restores (:func:`micro_step`, :func:`buffered_inputs`...).
+  being trained, which a resumed run restores (:attr:`TRLBridge.micro_step`, :func:`buffered_inputs`...).
 - ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
   where a checkpoint is written and read, so that envhub's files go with it (the trainer's
   :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`), and
@@ -111,8 +111,6 @@ class TRLBridge(GRPOTrainer):
             raise RuntimeError("EnvGRPOTrainer plays its episodes in generation_batch; rows must carry env_seed")
         return dict(batch.columns)
 
-    _rollout = rollout_columns  # the name bench/trainer.py wraps to measure each batch's rows
-
     def token_logps(self, model: Any, output: Mapping[str, Any], batch_size: int | None = None) -> torch.Tensor:
         """``model``'s per-token log-probs of the completions of ``output`` (TRL's batch layout)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
@@ -172,6 +170,10 @@ class TRLBridge(GRPOTrainer):
             reference = self.accelerator.unwrap_model(self.ref_model)
             reference.load_state_dict(policy.state_dict())
         self._reference = None
+
+    def restore_reference(self, reference: Any) -> None:
+        """Take ``reference`` as REINFORCE++'s frozen reference (a resumed run's, as its checkpoint saved it)."""
+        self._reference = reference
 
     def log_metrics(self, mode: str, metrics: Mapping[str, float]) -> None:
         """Add one value per metric to what TRL averages into the next log line (``mode``:
@@ -288,11 +290,6 @@ class TRLBridge(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- run state (envhub_trl.run_state)
-
-
-def micro_step(trainer: Any) -> int:
-    """TRL's micro-step counter of ``trainer``."""
-    return trainer._step
 
 
 def set_micro_step(trainer: Any, step: int) -> None:
