@@ -402,9 +402,9 @@ class WarmStart:
         )
         losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
         if self.dagger_rounds:
-            from envhub_trl.generators.hf import HFGenerator
+            from envhub_trl.generators import backend
 
-            student = HFGenerator(model, tokenizer, batch_size=max(64, self.dagger_episodes))
+            student = backend("hf").build(model, tokenizer, None, batch_size=max(64, self.dagger_episodes))
         for round_ in range(self.dagger_rounds):
             # Fresh training seeds each round, after the demonstrations' (all below the held-out offset).
             first = self.episodes + round_ * self.dagger_episodes

@@ -47,7 +47,7 @@ def eval_command(
     held-out evaluation again by default: the same seeds, the same end after invalid replies in a
     row, the same generator backend, so ``envhub eval --model OUT/final`` repeats the run's
     final figure."""
-    from envhub_trl.generators import make_generator
+    from envhub_trl.generators import load_generator
     from envhub_trl.models import resolve_model
 
     base_seed = seed or 0  # --seed's default; None also says "the run's held-out seeds" below
@@ -67,7 +67,7 @@ def eval_command(
             seeds = group_seeds(base_seed, 0, episodes)
         kind = kind or ("vllm" if held_out is not None and held_out["generator"].startswith("vllm") else "hf")
         try:
-            generator = make_generator(kind, path, env_ids=[env_id], seed=base_seed)
+            generator = load_generator(kind, path)
         except OSError as exc:  # a hub id that is neither cached nor downloadable here
             raise click.ClickException(f"cannot load the model {model_path!r}: {str(exc).splitlines()[0]}") from None
         sampling = SamplingParams(max_new_tokens=settings.max_reply_tokens, temperature=temperature, seed=base_seed)
