@@ -26,6 +26,9 @@ from envhub.error import InvalidAction, ResetNeeded
 
 #: Keys present in the ``info`` dict of every ``reset`` and ``step``.
 INFO_KEYS: dict[str, type] = {"action_is_valid": bool, "success": bool, "state_key": str}
+#: An optional ``info`` key of a step: a few words on what a move did when it is not what was
+#: chosen (slid elsewhere on ice, blocked by a wall); ``envhub run`` shows it after the move.
+OUTCOME_KEY = "outcome"
 
 
 def normalize_action(text: str) -> str:
