@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from envhub.actions import env_format_name, get_format
+from envhub.actions import ReplyFormat, env_format_name, get_format
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
@@ -59,7 +59,7 @@ class _Slot:
         self.active = False
         #: A tool env's tool schemas, else None.
         self.tools: list[dict[str, Any]] | None = None
-        self.fmt: Any = None
+        self.fmt: ReplyFormat | None = None
         #: Invalid replies in a row, up to the last one.
         self.invalid_streak = 0
 
@@ -157,7 +157,7 @@ class EnvGroupManager:
         self.unfinished_replies = self.prompt.unfinished_replies
         chosen = get_format(action_format) if isinstance(action_format, str) else action_format
         #: The reply format of each env id (a mix of tool and text envs plays each in its own).
-        self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
+        self.formats: dict[str, ReplyFormat] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
         #: The reply format of the first env id.
         self.fmt = self.formats[self.group_env_ids[0]]
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions, show_turns)
