@@ -1,10 +1,13 @@
-"""Rollouts as TRL batches: what ``rollout_func`` returns, and the per-token advantages of a batch.
+"""The parts of :mod:`envhub_trl.pipeline`'s stages that work on one episode or one token: which
+episodes the screen stage sets aside (failed envs, non-finite rewards), and how the estimate and
+spread stages turn per-turn advantages into per-token ones.
 
 TRL's ``GRPOTrainer`` takes one sample per row. In the trajectory layout a row is one episode: the
 first prompt, then every reply and the environment's tokens between them (``env_mask`` 0 on the
 latter, so they stay out of the loss); in the step layout a row is one turn. Advantages are
 computed per turn by the estimators of :mod:`envhub_trl.estimators` and spread over each turn's
-tokens.
+tokens. What TRL itself reads (the reward function, the per-turn ratio's segment mean) is in
+:mod:`envhub_trl.trl_bridge`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
-import torch
 
 from envhub.error import EnvhubError, NonFiniteReward
 from envhub.trajectory import Sample, Trajectory, Turn
@@ -94,14 +95,6 @@ def describe_aside(episodes: Sequence[Trajectory], aside: np.ndarray) -> str | N
     first = episodes[int(np.argmax(aside))]
     why = first.error if first.error is not None else "a non-finite reward"
     return f"{int(aside.sum())} of {len(episodes)} episodes of the batch were left out of training, e.g. {first.env_id} (seed {first.seed}): {why}"
-
-
-def episode_return(
-    prompts: list[Any], completions: list[Any], episode_return: list[float | None], **kwargs: Any
-) -> list[float | None]:
-    """TRL reward function: the episode's return, as the rollout recorded it (None on padding rows,
-    which TRL then leaves out of its reward statistics)."""
-    return [None if value is None else float(value) for value in episode_return]
 
 
 def turn_advantages(
@@ -198,20 +191,3 @@ def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray
         turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
         out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
     return out
-
-
-def segment_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each position's mean of ``values`` over the masked positions of its segment, row by row
-    (differentiable; 0 where ``mask`` is 0).
-
-    Args:
-        values: ``(B, T)``.
-        segments: ``(B, T)`` non-negative integer segment ids (a turn's id for each token).
-        mask: ``(B, T)``, 1 on the positions that count.
-    """
-    segments = segments.long()
-    mask = mask.to(values.dtype)
-    width = int(segments.max()) + 1 if segments.numel() else 1
-    sums = torch.zeros(values.shape[0], width, dtype=values.dtype, device=values.device).scatter_add(1, segments, values * mask)
-    counts = torch.zeros_like(sums).scatter_add(1, segments, mask)
-    return (sums / counts.clamp(min=1.0)).gather(1, segments) * mask

@@ -47,8 +47,8 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.lora import merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
-from envhub_trl.rollout_batch import describe_aside, episode_return
-from envhub_trl.trl_bridge import TRLBridge, loadable_reference
+from envhub_trl.rollout_batch import describe_aside
+from envhub_trl.trl_bridge import TRLBridge, episode_return, loadable_reference
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
