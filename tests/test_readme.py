@@ -189,3 +189,38 @@ def test_readme_training_command_and_figures_are_the_demo_and_its_results():
         assert figure in demo, f"the README's {figure} is not in the results page's demo section"
     words = " ".join(demo.split())
     assert "warm start of 1,000 steps" in words and "on 256 episodes" in words and "100 GiGPO steps of 64 episodes" in words
+
+
+def test_training_page_generator_registration_registers_a_backend():
+    pytest.importorskip("trl")
+    from envhub_trl.generators import BACKENDS, capabilities_of
+
+    source = code_block(DOCS / "training.md", "python", lambda b: "@register_generator(" in b)
+    namespace: dict = {}
+    exec(compile(source, "docs/training.md", "exec"), namespace)  # noqa: S102
+    try:
+        generator = BACKENDS["mine"].build("model", "tokenizer", None, batch_size=4)
+        assert isinstance(generator, namespace["MyGenerator"]) and generator.options == {"batch_size": 4}
+        assert capabilities_of(generator).weight_sync == "local" and BACKENDS["mine"].from_path is not None
+    finally:
+        BACKENDS.pop("mine", None)
+
+
+@pytest.mark.slow
+def test_training_page_rollout_by_hand_plays_a_batch(capsys):
+    """The training page's rollout example as written but for its sizes and the model (the tiny one)."""
+    pytest.importorskip("trl")
+    from envhub_trl.models import resolve_model
+
+    source = code_block(DOCS / "training.md", "python", lambda b: "rollout(manager, generator" in b)
+    for written, small in (
+        ('"path/to/model"', repr(str(resolve_model("tiny", ["frozenlake/FrozenLake-v0"], 0)))),
+        ("num_groups=16, group_size=8", "num_groups=2, group_size=2"),
+        ("max_new_tokens=64", "max_new_tokens=8"),
+    ):
+        assert written in source, f"the training page's example changed: {written} is gone"
+        source = source.replace(written, small)
+    namespace: dict = {}
+    exec(compile(source, "docs/training.md", "exec"), namespace)  # noqa: S102
+    assert len(namespace["trajectories"]) == 4 and "success_rate" in capsys.readouterr().out
+    assert {"prompt_ids", "completion_ids", "env_mask"} <= set(namespace["columns"])
