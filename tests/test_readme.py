@@ -224,3 +224,16 @@ def test_training_page_rollout_by_hand_plays_a_batch(capsys):
     exec(compile(source, "docs/training.md", "exec"), namespace)  # noqa: S102
     assert len(namespace["trajectories"]) == 4 and "success_rate" in capsys.readouterr().out
     assert {"prompt_ids", "completion_ids", "env_mask"} <= set(namespace["columns"])
+
+
+def test_training_page_mix_config_loads_as_envhub_train_loads_it(tmp_path):
+    """The training page's mix and curriculum block is a valid config fragment: loaded exactly as
+    a shipped config is (its fields, envs and curriculum checked against EnvGRPOConfig)."""
+    pytest.importorskip("trl")
+    from test_shipped_configs import test_a_shipped_config_loads
+
+    source = code_block(DOCS / "training.md", "yaml", lambda b: b.startswith("envs:"))
+    assert "curriculum:" in source
+    path = tmp_path / "mix.yaml"
+    path.write_text(source, encoding="utf-8")
+    test_a_shipped_config_loads(path, tmp_path)
