@@ -237,3 +237,20 @@ def test_training_page_mix_config_loads_as_envhub_train_loads_it(tmp_path):
     path = tmp_path / "mix.yaml"
     path.write_text(source, encoding="utf-8")
     test_a_shipped_config_loads(path, tmp_path)
+
+
+def test_docs_make_targets_exist():
+    """Every `make TARGET` line of the shell blocks of the README and the docs pages names a target
+    of the Makefile."""
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+    shown = [
+        (page, line)
+        for page in pages()
+        for block in code_blocks(page, "bash")
+        for line in block.splitlines()
+        if line.startswith("make ")
+    ]
+    assert len(shown) >= 8
+    for page, line in shown:
+        target = shlex.split(line, comments=True)[1]
+        assert target in targets, f"{page.relative_to(ROOT)}: make {target} is not a Makefile target"
