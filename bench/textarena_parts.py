@@ -1,4 +1,4 @@
-"""Where the TextArena adapter's per-step overhead goes (the breakdown behind the README's figures).
+"""Where the TextArena adapter's per-step overhead goes (the breakdown behind the figures in docs/results.md).
 
 On the workload of ``bench/textgames.py`` (the expert's moves of whole games, replayed with their
 resets), times the adapter and the bare library as that benchmark does, then each part of the

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import collections
-import pathlib
-import re
 import runpy
 import subprocess
 import sys
@@ -532,9 +530,10 @@ def test_a_game_without_action_masks_is_refused_with_the_reason():
         env.reset(seed=0)
 
 
-def test_readme_adapter_example_runs_as_written(tmp_path):
-    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
-    source = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if block.startswith("# wrap a game"))
+def test_environments_page_adapter_example_runs_as_written(tmp_path):
+    from docs_pages import DOCS, code_block
+
+    source = code_block(DOCS / "environments.md", "python", lambda block: block.startswith("# wrap a game"))
     (tmp_path / "example.py").write_text(source)
     namespace = runpy.run_path(str(tmp_path / "example.py"))
     seats = namespace["seats"]

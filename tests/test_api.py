@@ -32,7 +32,7 @@ def _representatives(specs):
 # The full check (two fresh interpreters, 1000 fuzzed replies, ~40 resets) runs on one id of each
 # family: TextArena's 60-odd variants would add several minutes (some games spend a second
 # generating each level) for no code path the first variant does not take. `envhub check` on every
-# id is measured in the README; the API tests below still make, reset and step every id.
+# id is measured in docs/environments.md; the API tests below still make, reset and step every id.
 def _slow_to_reset(env_spec):
     if env_spec.plugin != "envhub-textarena":
         return False

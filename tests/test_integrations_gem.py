@@ -110,13 +110,11 @@ def test_registration_is_idempotent_and_unknown_ids_fail_in_one_line():
         gem.make(PREFIX + "sokoban/Sokoban-v0", action_format="xml")
 
 
-def test_readme_gem_example_plays_an_expert_episode(capsys):
-    import re
-    from pathlib import Path
+def test_integrations_page_gem_example_plays_an_expert_episode(capsys):
+    from docs_pages import DOCS, code_block
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    source = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'gem.make("envhub:' in b)
+    source = code_block(DOCS / "integrations.md", "python", lambda b: 'gem.make("envhub:' in b)
     namespace: dict = {}
-    exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(source, "docs/integrations.md", "exec"), namespace)  # noqa: S102
     assert capsys.readouterr().out.split() == ["True", "10.9"]  # solved; gym-sokoban's rewards
     assert namespace["system_prompt"].startswith(envhub.make("sokoban/Sokoban-v0").instructions.strip()[:40])

@@ -135,16 +135,15 @@ def test_serve_refuses_bad_input_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_readme_openenv_example_plays_against_the_server(server, capsys):
-    import re
-    from pathlib import Path
+def test_integrations_page_openenv_example_plays_against_the_server(server, capsys):
+    from docs_pages import DOCS, code_block
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert f"envhub serve {ENV} --port 8000" in readme
-    source = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "GenericEnvClient(" in b)
-    assert '"http://localhost:8000"' in source, "the README example changed: its URL is gone"
+    page = DOCS / "integrations.md"
+    assert code_block(page, "bash", lambda b: b.startswith("envhub serve")).strip() == f"envhub serve {ENV} --port 8000"
+    source = code_block(page, "python", lambda b: "GenericEnvClient(" in b)
+    assert '"http://localhost:8000"' in source, "the integrations page's example changed: its URL is gone"
     namespace: dict = {}
-    exec(compile(source.replace('"http://localhost:8000"', repr(server)), "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(source.replace('"http://localhost:8000"', repr(server)), "docs/integrations.md", "exec"), namespace)  # noqa: S102
     reward, won = capsys.readouterr().out.split()
     assert won == "False" and float(reward) < 0  # pushing Up until the turn limit: a step penalty each turn
     assert "Sokoban" in namespace["system_prompt"] or "box" in namespace["system_prompt"]

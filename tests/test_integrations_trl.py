@@ -239,19 +239,17 @@ def torch_equal(a, b) -> bool:
 
 
 @pytest.mark.slow
-def test_readme_trl_example_trains_on_the_cpu(one_thread, tmp_path, monkeypatch):
-    """The README's TRL example as written but for its sizes and the model (the tiny one with a
-    chat template that renders tools, in a folder as the example expects)."""
-    import re
-    from pathlib import Path
-
+def test_integrations_page_trl_example_trains_on_the_cpu(one_thread, tmp_path, monkeypatch):
+    """The integrations page's TRL example as written but for its sizes and the model (the tiny one
+    with a chat template that renders tools, in a folder as the example expects)."""
     from trl.chat_template_utils import qwen2_5_chat_template
+
+    from docs_pages import DOCS, code_block
 
     from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    source = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "environment_factory=environment_factory(" in b)
+    source = code_block(DOCS / "integrations.md", "python", lambda b: "environment_factory=environment_factory(" in b)
     tokenizer = build_tokenizer(environment_corpus(["sokoban/Sokoban-v0"], seeds=2))
     tokenizer.chat_template = qwen2_5_chat_template
     folder = tmp_path / "model"
@@ -263,11 +261,11 @@ def test_readme_trl_example_trains_on_the_cpu(one_thread, tmp_path, monkeypatch)
          "num_generations=2, per_device_train_batch_size=2, max_steps=1, max_completion_length=16, "
          "max_tool_calling_iterations=1, use_cpu=True, bf16=False, report_to='none', save_strategy='no'"),
     ):
-        assert written in source, f"the README example changed: {written} is gone"
+        assert written in source, f"the integrations page's example changed: {written} is gone"
         source = source.replace(written, small)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(source, "README.md", "exec"), namespace)  # noqa: S102
+    exec(compile(source, "docs/integrations.md", "exec"), namespace)  # noqa: S102
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 1
     assert "rewards/Sokoban_v0/mean" in trainer.state.log_history[0] and "rewards/success/mean" in trainer.state.log_history[0]

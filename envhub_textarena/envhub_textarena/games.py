@@ -28,7 +28,7 @@ EXPERTS = {
 }
 
 #: Games whose full ``envhub check`` takes minutes on 2 cores, with why: the test suite leaves them
-#: to the README's measured run (they pass it).
+#: to the measured run in docs/environments.md (they pass it).
 SLOW_CHECK = {
     "RushHour": "each reset searches for a solvable level by breadth-first search, up to 20 times (~1 s each)",
     "Sokoban": "each reset generates a level by reverse play (~0.25 s, minutes for the medium size)",
