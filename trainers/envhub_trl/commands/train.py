@@ -68,12 +68,13 @@ def _help_config(ctx: click.Context, param: click.Parameter, pattern: str | None
 @click.option("--help-config", is_flag=False, flag_value="", default=None, metavar="[PATTERN]", is_eager=True, expose_value=False,
               callback=_help_config,
               help="List the config's fields (all, or those whose name matches the glob PATTERN or holds the word PATTERN) with type, default, bounds and help, and exit.")
+@click.option("--verbose", is_flag=True, help="Also show third-party output: the Trainer's progress bar and metrics dicts, loading bars, vLLM's warnings.")
 @click.option("--print-config", is_flag=True, help="Print the resolved config (file, overrides, flags and defaults) as YAML and exit before anything loads.")
 @click.argument("overrides", nargs=-1, metavar="[KEY=VALUE | --FIELD VALUE]...", type=click.UNPROCESSED)
 @click.pass_context
 def train_command(
     ctx, env_id, model_name, algo, config_file, output_dir, warm_start_steps, warm_start_episodes, warm_start_lr, warm_start_epsilon,
-    warm_start_dagger_rounds, warm_start_schedule, lora_r, eval_episodes, resume, overwrite, print_config, overrides,
+    warm_start_dagger_rounds, warm_start_schedule, lora_r, eval_episodes, resume, overwrite, verbose, print_config, overrides,
 ):
     """Train a model on an environment with GRPO or GiGPO; report held-out success before and after.
 
@@ -116,4 +117,4 @@ def train_command(
 
         click.echo(resolved_yaml(spec, output_dir), nl=False)
         return
-    print_results(train(spec, resume=resume, overwrite=overwrite), output_dir)
+    print_results(train(spec, resume=resume, overwrite=overwrite, verbose=verbose), output_dir)
