@@ -393,7 +393,7 @@ class TrainingRun:
         from envhub_trl.selection import ValidationSelection, periodic_evaluation
 
         trainer, args, record = self.trainer, self.spec.args, self.record or {}
-        trainer.add_callback(StepProgress(trainer, say))
+        trainer.add_callback(StepProgress(trainer, say))  # first, so a step's line comes before its evaluations
         if not self.verbose:
             drop_trainer_printing(trainer)
         self.periodic = periodic_evaluation(trainer, record.get("held_out_curve", []))
