@@ -115,7 +115,7 @@ def format_fields(docs: list[FieldDoc]) -> str:
     for doc in docs:
         if doc.origin != origin:
             origin = doc.origin
-            out.append(f"{'' if not out else chr(10)}# {origin} fields")
+            out += [""] * bool(out) + [f"# {origin} fields"]
         default = yaml.safe_dump(doc.default, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
         bounds = f"  ({doc.bounds})" if doc.bounds else ""
         out.append(f"{doc.name}: {doc.type} = {default}{bounds}")
