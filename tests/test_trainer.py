@@ -786,7 +786,7 @@ def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_bo
 @pytest.mark.parametrize(
     ("warm_start", "message"),
     [
-        ("{stepz: 3}", "unknown warm_start keys ['stepz']"),
+        ("{stepz: 3}", "unknown warm_start key 'stepz' (did you mean steps?)"),
         ("{steps: two}", "warm_start.steps must be a number, got 'two'"),
         ("{steps: 2.5}", "warm_start.steps must be an integer, got 2.5"),
         ("{epsilon: 2}", "warm_start.epsilon is a probability"),
