@@ -357,6 +357,22 @@ registry.explain_unknown = _explain_unknown
 actions.format_loader = host.load
 
 
+def load_on_import(namespace: str) -> None:
+    """Load the plugin that owns ``namespace`` (the distribution ``envhub-<namespace>``), once.
+
+    A plugin package calls this at the end of its ``__init__``, so that importing it registers its
+    ids with envhub and with Gymnasium. That is what Gymnasium 1.x's own habits rely on, now that it
+    no longer loads other packages' environments through entry points:
+    ``gymnasium.make("envhub_frozenlake:frozenlake/FrozenLake-v0")`` (Gymnasium imports the module
+    before it looks the id up), and ``import envhub_frozenlake`` or
+    ``gymnasium.register_envs(envhub_frozenlake)`` before ``gymnasium.make("frozenlake/...")``.
+
+    Nothing loads twice: while envhub itself loads the plugin (which imports its package), or once
+    every plugin has loaded, this does nothing. ``ENVHUB_PLUGINS`` applies as for ``envhub.make``.
+    """
+    host.load_namespace(namespace)
+
+
 def load_plugins() -> None:
     """Load every plugin once (a no-op after the first call)."""
     host.load()
