@@ -554,7 +554,7 @@ def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict
     """Check environments against the envhub contract; exit 1 if any check fails.
 
     An ENV_ID may be a shell glob ('sokoban/*'). One line is printed per env as it finishes; then
-    the whole report of each env that failed or skipped a check (of the env, when there is one).
+    the whole report of each env that failed or skipped a check, or of the one env checked.
     """
     if check_all and env_ids:
         raise click.UsageError("give ids or patterns, or --all, not both")
