@@ -148,13 +148,15 @@ class PluginHost:
         owner = self.owners.get(namespace)
         if owner is None:
             return
-        self._partial = True
+        # Restored, not reset: a plugin package's import calls this again while it loads
+        # (load_on_import), and the outer load must still defer.
+        outer, self._partial = self._partial, True
         try:
             for planned in plan:
                 if planned.dist == owner and planned.name not in self._started:
                     self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
         finally:
-            self._partial = False
+            self._partial = outer
 
     def _replay_deferred(self, name: str) -> None:
         info = self.infos.get(name)
