@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from envhub.actions import apply_reply, env_format_name, get_format
-from envhub.core import INFO_KEYS, TextEnv, ToolEnv
+from envhub.core import INFO_KEYS, TextEnv, ToolEnv, shorten
 from envhub.error import MissingDependency
 from envhub.registration import EnvSpec, make, spec
 
@@ -88,10 +88,12 @@ class CheckReport:
         return f"{sum(r.passed for r in ran)}/{len(ran)} checks passed" + (f", {skipped} skipped" if skipped else "")
 
     def line(self) -> str:
-        """One line for a run over many envs: PASS or FAIL, the id, the summary, the failed checks, the time."""
+        """One line for a run over many envs: PASS or FAIL, the id, the summary, the failed and the
+        skipped checks (with the reason, cut to 40 characters), the time."""
         failed = "; failed: " + ", ".join(r.name for r in self.failures) if self.failures else ""
+        skipped = ", ".join(f"{r.name} ({shorten(r.skipped, 40)})" for r in self.results if r.skipped)
         took = f" ({self.seconds:.1f} s)" if self.seconds is not None else ""
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.env_id}  {self.summary()}{failed}{took}"
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.env_id}  {self.summary()}{': ' if skipped else ''}{skipped}{failed}{took}"
 
     def to_json(self) -> dict[str, Any]:
         """The report as the object ``envhub check --json`` prints."""

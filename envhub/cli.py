@@ -554,7 +554,7 @@ def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict
     """Check environments against the envhub contract; exit 1 if any check fails.
 
     An ENV_ID may be a shell glob ('sokoban/*'). One line is printed per env as it finishes; then
-    the whole report of each env that failed or skipped a check, or of the one env checked.
+    the whole report of each env that failed or could not be checked at all, or of the one env checked.
     """
     if check_all and env_ids:
         raise click.UsageError("give ids or patterns, or --all, not both")
@@ -585,7 +585,8 @@ def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict
     if as_json:
         click.echo(json.dumps([r.to_json() for r in ordered] if len(ordered) > 1 else ordered[0].to_json(), indent=2))
     else:
-        details = [r for r in ordered if len(ordered) == 1 or not r.ok or any(c.skipped for c in r.results)]
+        # Whole reports where the line is not enough: a failure, or an env nothing could be checked on.
+        details = [r for r in ordered if len(ordered) == 1 or not r.ok or all(c.skipped for c in r.results)]
         if details:
             click.echo("\n" + "\n\n".join(r.format() for r in details))
         if len(ordered) > 1:
