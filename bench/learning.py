@@ -4,7 +4,7 @@ model, on FrozenLake 4x4 (deterministic and slippery) and Sokoban 6x6 with one b
 Each env has one config in ``bench/learning/`` (EnvGRPOConfig fields, plus ``model``,
 ``warm_start`` and ``targets``, which this script reads itself). Every run of an env uses
 that config and changes only ``advantage_estimator`` and ``seed``: the same episodes and optimizer
-steps for every algorithm. A run is :func:`envhub_trl.train_command.run_training` in a child
+steps for every algorithm. A run is :func:`envhub_trl.run.run_training` in a child
 process (so that no memory or torch state passes from one run to the next, and a crash is
 reported rather than fatal); it leaves its model, curve, log and ``results.json`` in
 ``bench/results/learning/<env>/<algo>/seed<k>/``. A run whose ``results.json`` holds the same
@@ -60,8 +60,8 @@ from envhub.cli import table
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.config_file import ConfigError, apply_overrides, check_values
 from envhub_trl.estimators import ESTIMATORS
-from envhub_trl.train_command import RUN_KEYS as TRAIN_RUN_KEYS
-from envhub_trl.train_command import STAGES, run_training
+from envhub_trl.run import RUN_KEYS as TRAIN_RUN_KEYS
+from envhub_trl.run import STAGES, run_training
 from envhub_trl.warm_start import WarmStart
 
 HERE = Path(__file__).parent

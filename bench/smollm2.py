@@ -60,6 +60,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from envhub.generation import SamplingParams  # noqa: E402
+from envhub.prompts import BARE_PROMPT  # noqa: E402
+from envhub.settings import EnvSettings  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds  # noqa: E402
 from envhub_trl.generators import VLLMGenerator  # noqa: E402
@@ -74,11 +76,11 @@ PARTS = ("zero-shot", "sft", "rl", "generation", "warm-start", "recipe")
 RECIPE = Path(__file__).resolve().parent.parent / "examples" / "smollm2_frozenlake.yaml"
 #: The warm start's samples: the FrozenLake demo's prompt (one turn a sample, no history, no turn
 #: count, a one-line system message, the local view), which keeps a sample short.
-SFT_PROMPT = {
-    "layout": "step", "history_turns": 0, "show_turns": False, "show_legal_actions": False, "max_turns": 8,
-    "instructions": "Reach the goal. Avoid holes.", "env_kwargs": {"view": "local", "expert": "view"},
-}
 TRAIN_ENV = "frozenlake/FrozenLakeNotSlippery-v0"
+SFT_PROMPT = EnvSettings(
+    TRAIN_ENV, env_kwargs={"view": "local", "expert": "view"}, max_turns=8, layout="step",
+    prompt=BARE_PROMPT.replace(history_turns=0, show_turns=False, show_legal_actions=False, instructions="Reach the goal. Avoid holes."),
+)
 SEED_OFFSET = 1_000_000_000
 VLLM_KWARGS = {"gpu_memory_utilization": 0.1, "max_model_len": 4096, "dtype": "float32", "enforce_eager": True}
 
@@ -90,7 +92,9 @@ def zero_shot(path: str, episodes: int, max_new_tokens: int) -> dict[str, dict[s
     out = {}
     for env_id in ENVS:
         start = time.perf_counter()
-        metrics = evaluate_generator(engine, tokenizer, env_id, held_out_seeds(SEED_OFFSET, episodes), sampling, max_prompt_tokens=3072)
+        metrics = evaluate_generator(
+            engine, tokenizer, EnvSettings(env_id, prompt=BARE_PROMPT.replace(max_prompt_tokens=3072)), held_out_seeds(SEED_OFFSET, episodes), sampling
+        )
         out[env_id] = {key: metrics[key] for key in ("success_rate", "invalid_action_rate", "mean_turns", "mean_return")}
         out[env_id]["seconds"] = time.perf_counter() - start
         print(f"{env_id}: zero-shot success {metrics['success_rate']:.1%}, invalid replies {metrics['invalid_action_rate']:.1%}, "
@@ -109,7 +113,7 @@ def sft_step_seconds(path: str, steps: int, lora: LoraSettings | None, bf16: boo
     model = AutoModelForCausalLM.from_pretrained(path)
     if lora is not None:
         model = peft.get_peft_model(model, lora.peft_config())
-    samples = expert_samples(tokenizer, TRAIN_ENV, range(16), **SFT_PROMPT)[:16]
+    samples = expert_samples(tokenizer, SFT_PROMPT, range(16))[:16]
     tokens = sum(len(x.prompt_ids) + len(x.completion_ids) for x in samples) / len(samples)
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-5)
     times = []
@@ -149,7 +153,7 @@ def step_seconds(path: str, generator: str, steps: int, reply_tokens: int, out: 
 def recipe_config(config: Path, overrides: list[str], out: str, **fields: object) -> tuple[EnvGRPOConfig, object, LoraSettings | None]:
     """The recipe's ``EnvGRPOConfig`` on the CPU (with ``fields`` set), its warm start and its LoRA settings,
     read as ``envhub train`` reads the file and its ``KEY=VALUE`` overrides."""
-    from envhub_trl.train_command import load_config_file, split_warm_start
+    from envhub_trl.run import load_config_file, split_warm_start
 
     values = load_config_file(str(config), overrides)
     warm_start = split_warm_start(values, str(config))
@@ -179,11 +183,11 @@ def generation_rates(path: str, episodes: int, out: str) -> dict:
         else:
             generator = VLLMGenerator(path, **{**VLLM_KWARGS, "max_model_len": args.max_prompt_tokens + args.max_turn_tokens})
         for layout in ("step", "trajectory"):
-            kwargs = {**args.manager_kwargs_for(entry), "layout": layout}
-            with EnvGroupManager(entry.env_id, 1, args.group_size, tokenizer=tokenizer, **kwargs) as manager:
+            settings = args.env_settings(entry).replace(layout=layout)
+            with EnvGroupManager.from_settings(settings, 1, args.group_size, tokenizer=tokenizer) as manager:
                 rollout(manager, generator, sampling, seeds=[SEED_OFFSET - 1])  # untimed: the first call pays set-up
             stats = RolloutStats()
-            with EnvGroupManager(entry.env_id, groups, args.group_size, tokenizer=tokenizer, **kwargs) as manager:
+            with EnvGroupManager.from_settings(settings, groups, args.group_size, tokenizer=tokenizer) as manager:
                 trajectories = rollout(manager, generator, sampling, seeds=held_out_seeds(SEED_OFFSET, groups), stats=stats)
             figures[f"{backend}_{layout}"] = {
                 "turns": stats.turns, "seconds": stats.seconds, "turns_per_s": stats.turns_per_s,
@@ -204,23 +208,21 @@ def warm_start_run(config: Path, episodes: int, out: str, overrides: list[str]) 
     success after it, and the reference policies on the same seeds."""
     from envhub_trl.lora import fold_adapter
     from envhub_trl.models import load_model_and_tokenizer
-    from envhub_trl.train_command import _evaluate, _references
+    from envhub_trl.run import evaluate, references
 
     args, warm_start, lora = recipe_config(config, overrides, out, eval_episodes=episodes)
     entry = args.env_entries()[0]
     model, tokenizer = load_model_and_tokenizer(SMOLLM2, [entry.env_id], args.seed, kwargs_by_env={entry.env_id: entry.env_kwargs})
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, peft_config=lora.peft_config() if lora is not None else None)
     figures = {"recipe": str(config), "overrides": overrides, "warm_start": warm_start.describe(), "held_out_episodes": episodes}
-    figures["zero_shot"] = _evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
+    figures["zero_shot"] = evaluate(trainer, "zero-shot")[entry.env_id]["greedy"]
     start = time.perf_counter()
-    warm_start.run_on(
-        model, tokenizer, [(entry.env_id, args.manager_kwargs_for(entry))], args.seed, reply_tokens=args.max_turn_tokens, bf16=bool(args.bf16)
-    )
+    warm_start.run_on(model, tokenizer, [args.env_settings(entry)], args.seed, bf16=bool(args.bf16))
     figures["warm_start_seconds"] = time.perf_counter() - start
     fold_adapter(trainer.accelerator.unwrap_model(trainer.model))
     trainer.weights_changed()
-    figures["after_warm_start"] = _evaluate(trainer, "after warm start (SFT)")[entry.env_id]["greedy"]
-    figures["references"], _ = _references(trainer, entry)
+    figures["after_warm_start"] = evaluate(trainer, "after warm start (SFT)")[entry.env_id]["greedy"]
+    figures["references"], _ = references(trainer, entry)
     print(f"{entry.env_id}: zero-shot {figures['zero_shot']['success_rate']:.1%}, after a {figures['warm_start_seconds'] / 60:.1f}-minute "
           f"warm start {figures['after_warm_start']['success_rate']:.1%} greedy; references "
           + ", ".join(f"{name} {rate:.1%}" for name, rate in figures["references"].items()), flush=True)
@@ -236,7 +238,7 @@ def recipe_run(config: Path, out: Path, overrides: list[str], reuse: bool) -> di
     zero-shot, after the warm start and after RL, the references, the phases' wall time) and
     what ``eval`` gives on the same seeds. With ``reuse``, a finished run in ``out`` made with
     exactly this recipe, these overrides and this model is read instead of trained again."""
-    from envhub_trl.train_command import load_config_file, split_warm_start
+    from envhub_trl.run import load_config_file, split_warm_start
 
     values = load_config_file(str(config), overrides)
     warm_start = split_warm_start(values, str(config))

@@ -76,7 +76,7 @@ def envhub_run(tokenizer, episodes: int, steps: int, turns: int, reply_tokens: i
     config = bench_config(out, episodes, steps, turns, reply_tokens, sample_layout=layout)
     trainer = EnvGRPOTrainer(build_model(tokenizer), config, processing_class=tokenizer)
     lengths = []
-    rollout = trainer._rollout
+    rollout = trainer.rollout_columns
 
     def measured(prompts, trl_trainer):
         output = rollout(prompts, trl_trainer)

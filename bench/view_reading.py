@@ -89,7 +89,7 @@ def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[l
     values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
     args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none"})
     labelled, _ = relabelled_samples(
-        RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, args.env_id, seeds, max_new_tokens=args.max_turn_tokens, **args.manager_kwargs()
+        RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, args.env_settings(), seeds
     )
     prefix = tokenizer.encode("<answer>", add_special_tokens=False)
     move_ids = [tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
@@ -214,8 +214,9 @@ def credit(config: dict[str, Any], batches: int) -> dict[str, Any]:
         groups, size = args.groups_per_step, args.num_generations
         advantages: dict[tuple[str, str], list[float]] = defaultdict(list)
         for b in range(batches):
-            play = {**args.manager_kwargs(), "max_prompt_tokens": None}  # text alone, no tokenizer
-            with EnvGroupManager(args.env_id, groups, size, **play) as manager:
+            play = args.env_settings()
+            play = play.replace(prompt=play.prompt.without_budget())  # text alone, no tokenizer
+            with EnvGroupManager.from_settings(play, groups, size) as manager:
                 local, _ = pipeline.play(manager, BlindPolicy(b), SamplingParams(), seeds=list(range(b * groups, (b + 1) * groups)))
             batch = pipeline.estimate(pipeline.gather(local, group_size=size), estimator, args.estimator_settings())
             turns = [turn for episode in batch.episodes for turn in episode.turns]

@@ -30,7 +30,7 @@ from envhub_trl.evaluation import evaluate_generator  # noqa: E402
 from envhub_trl.generators.hf import HFGenerator  # noqa: E402
 from envhub_trl.models import load_model_and_tokenizer  # noqa: E402
 from envhub_trl.tiny import TinySpec  # noqa: E402
-from envhub_trl.train_command import load_config_file  # noqa: E402
+from envhub_trl.run import load_config_file  # noqa: E402
 from envhub_trl.warm_start import WarmStart  # noqa: E402
 
 VALIDATION_OFFSET = 500_000_000
@@ -43,14 +43,14 @@ def warm_start_success(values: dict, warm_start: WarmStart, seed: int, episodes:
     tiny = TinySpec.from_mapping(values.pop("tiny", None))
     args = EnvGRPOConfig(**{**values, "seed": seed, "output_dir": "/tmp/envhub-warm-start-seeds", "report_to": "none"})
     entry = args.env_entries()[0]
-    settings = args.manager_kwargs_for(entry)
+    settings = args.env_settings(entry)
     started = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer("tiny", [entry.env_id], seed, kwargs_by_env={entry.env_id: entry.env_kwargs}, tiny=tiny)
-    losses = warm_start.run_on(model, tokenizer, [(entry.env_id, settings)], seed, reply_tokens=args.max_turn_tokens, bf16=bool(args.bf16))
+    losses = warm_start.run_on(model, tokenizer, [settings], seed, bf16=bool(args.bf16))
     trained = time.perf_counter()
     sampling = SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=0.0, seed=seed)
     seeds = list(range(VALIDATION_OFFSET, VALIDATION_OFFSET + episodes))
-    metrics = evaluate_generator(HFGenerator(model, tokenizer, batch_size=256), tokenizer, entry.env_id, seeds, sampling, **settings)
+    metrics = evaluate_generator(HFGenerator(model, tokenizer, batch_size=256), tokenizer, settings, seeds, sampling)
     return {
         "seed": seed, "success_rate": metrics["success_rate"], "mean_turns": metrics["mean_turns"],
         "truncated_rate": metrics["truncated_rate"], "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),

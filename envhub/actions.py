@@ -217,7 +217,7 @@ class ReplyFormat(Protocol):
 
 
 #: The formats selectable by name (``action_format`` of the prompt settings and the trainer config).
-FORMATS: dict[str, Any] = {
+FORMATS: dict[str, ReplyFormat] = {
     "answer": TagFormat(),
     "think-answer": TagFormat(require_think=True),
     "tool-call": ToolCallFormat(),
@@ -227,7 +227,7 @@ FORMATS: dict[str, Any] = {
 format_loader: Callable[[], None] | None = None
 
 
-def register_format(name: str, fmt: Any) -> Any:
+def register_format(name: str, fmt: ReplyFormat) -> ReplyFormat:
     """Add the reply format ``fmt`` under ``name`` (plugins receive this as the ``register`` of
     their ``register_formats`` hook).
 
@@ -243,7 +243,7 @@ def register_format(name: str, fmt: Any) -> Any:
     return fmt
 
 
-def get_format(name: str) -> Any:
+def get_format(name: str) -> ReplyFormat:
     """Return the reply format called ``name``; a ``ValueError`` lists the known ones."""
     if name not in FORMATS and format_loader is not None:
         format_loader()
@@ -266,7 +266,7 @@ def env_tools(env: TextEnv) -> dict[str, Any] | None:
 
 
 def parse_reply(
-    reply: str, valid_actions: Sequence[str] | None = None, fmt: Any | None = None, tools: Mapping[str, Any] | None = None
+    reply: str, valid_actions: Sequence[str] | None = None, fmt: ReplyFormat | None = None, tools: Mapping[str, Any] | None = None
 ) -> ParsedReply:
     """Parse ``reply`` with ``fmt`` (default ``<answer>...</answer>``) against ``valid_actions`` (and ``tools``)."""
     return (fmt or FORMATS["answer"]).parse(reply, valid_actions, tools)
@@ -293,7 +293,7 @@ class ReplyOutcome:
 UNFINISHED_REASON = "the reply did not end its turn within the token limit; end it right after the answer"
 
 
-def apply_reply(env: TextEnv, reply: str, fmt: Any | None = None, cut: bool = False) -> ReplyOutcome:
+def apply_reply(env: TextEnv, reply: str, fmt: ReplyFormat | None = None, cut: bool = False) -> ReplyOutcome:
     """Parse ``reply`` and take its action(s) in ``env``; never raises for any reply.
 
     A reply that breaks the format, or names an illegal action, spends one turn through

@@ -39,6 +39,7 @@ import numpy as np
 from envhub.core import TextEnv
 from envhub.error import PolicyError
 from envhub.generation import ExpertGenerator, Generator, RandomGenerator, SamplingParams
+from envhub.settings import EnvSettings
 
 #: Joint states kept per depth of the open-loop search before it turns into a beam search.
 DEFAULT_BEAM_WIDTH = 4096
@@ -313,11 +314,9 @@ def policy_success_rate(
 
 
 def reference_policies(
-    env_id: str,
+    settings: EnvSettings,
     seeds: Sequence[int],
     *,
-    max_turns: int | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
     seed: int = 0,
     beam_width: int = DEFAULT_BEAM_WIDTH,
     tokenizer: Any | None = None,
@@ -327,10 +326,8 @@ def reference_policies(
     """The success rates of the reference policies on ``seeds``, in :data:`REFERENCE_NAMES` order.
 
     Args:
-        env_id: the environment.
+        settings: the environment (its env kwargs and turn limit; use the evaluation's own).
         seeds: one episode per seed, the seeds the learned policy is evaluated on.
-        max_turns: the turn limit; None keeps the environment's (use the evaluation's own).
-        env_kwargs: keyword arguments for ``envhub.make``.
         seed: seeds the random policy.
         beam_width: of the open-loop search.
         tokenizer: turns the random and expert replies into token ids (for a ``play`` whose
@@ -346,6 +343,7 @@ def reference_policies(
         finite action list (the search also without a turn limit), the expert without an oracle,
         ``optimal`` where the limit is unknown.
     """
+    env_id, max_turns, env_kwargs = settings.env_id, settings.max_turns, settings.env_kwargs
     if play is None:
         def play(generator: Generator) -> float:
             return policy_success_rate(env_id, seeds, generator, max_turns, env_kwargs)

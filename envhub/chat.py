@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.error import EnvhubError
 from envhub.tools import tools_text
+
+if TYPE_CHECKING:
+    from envhub.actions import ReplyFormat
 
 
 class ChatTemplateError(EnvhubError):
@@ -129,7 +132,7 @@ class ChatRenderer:
         show_turns: start every user message with the turn count (``Turn 2 of 8; 7 actions left.``).
     """
 
-    def __init__(self, fmt: Any, system_prompt: str | None = None, show_legal_actions: bool = True, show_turns: bool = True):
+    def __init__(self, fmt: ReplyFormat, system_prompt: str | None = None, show_legal_actions: bool = True, show_turns: bool = True):
         self.fmt = fmt
         self.system_prompt = system_prompt
         self.show_legal_actions = show_legal_actions

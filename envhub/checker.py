@@ -12,7 +12,6 @@ the recipe (entry point, kwargs, turn limit) lets it rebuild envs registered at 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
@@ -150,10 +149,6 @@ def trace_episode(env: TextEnv, seed: int, turns: int = TRACE_TURNS) -> list[dic
             observation, info = env.reset()
             records.append({"observation": observation, "state_key": info["state_key"], "success": info["success"]})
     return records
-
-
-def _digest(records: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
 
 
 def _first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> str:

@@ -21,7 +21,7 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_envs
-from envhub.core import ToolEnv, shorten
+from envhub.core import OUTCOME_KEY, ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.executors import DEFAULT_STEP_TIMEOUT
 from envhub.manager import EnvGroupManager
@@ -309,14 +309,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _what_happened(action: str, info: dict[str, Any]) -> str:
-    """What a move did when it is not what was chosen: slid elsewhere on ice, or blocked."""
-    moved = info.get("moved")
-    if moved is not None and moved != action:
-        return " (you did not move)" if moved == "nowhere" else f" (you slid: moved {moved})"
-    if info.get("moved_player") is False:
-        return " (blocked: you did not move)"
-    return ""
+def _what_happened(info: dict[str, Any]) -> str:
+    """What a move did when it is not what was chosen, as the env says it (``info["outcome"]``,
+    :data:`envhub.core.OUTCOME_KEY`): slid elsewhere on ice, or blocked."""
+    outcome = info.get(OUTCOME_KEY)
+    return f" ({outcome})" if outcome else ""
 
 
 def play_episode(
@@ -343,7 +340,7 @@ def play_episode(
         if echo:
             valid = step.info["action_is_valid"]
             flag = "" if valid else "  (invalid)"
-            click.echo(f"\nturn {env.turn}: {step.action}{_what_happened(step.action or '', step.info)} -> reward {step.reward:+g}{flag}\n{step.observation}")
+            click.echo(f"\nturn {env.turn}: {step.action}{_what_happened(step.info)} -> reward {step.reward:+g}{flag}\n{step.observation}")
 
     trajectory, steps = play(manager, player, seed, on_start=start, on_step=turn)
     turns = len(steps) - 1
@@ -415,7 +412,8 @@ def run(
     spec(env_id)  # fail fast, with suggestions, on a typo
     chosen = _player(policy, env_id, seed)
     # A model knows the env settings it trained on (its checkpoint's envhub.json).
-    trained_kwargs, trained_turns = chosen.env_kwargs, chosen.max_turns
+    trained_kwargs = dict(chosen.settings.env_kwargs) if chosen.settings is not None else {}
+    trained_turns = chosen.settings.max_turns if chosen.settings is not None else None
     if trained_kwargs or trained_turns:
         click.echo(f"env settings the model trained with: {trained_kwargs}, max_turns={trained_turns}", err=True)
     overridden = sorted(key for key in env_kwargs if key in trained_kwargs and trained_kwargs[key] != env_kwargs[key])

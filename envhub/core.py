@@ -13,6 +13,7 @@ and explain themselves, the turn limit truncates, and stepping a finished episod
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, SupportsFloat
@@ -25,6 +26,9 @@ from envhub.error import InvalidAction, ResetNeeded
 
 #: Keys present in the ``info`` dict of every ``reset`` and ``step``.
 INFO_KEYS: dict[str, type] = {"action_is_valid": bool, "success": bool, "state_key": str}
+#: An optional ``info`` key of a step: a few words on what a move did when it is not what was
+#: chosen (slid elsewhere on ice, blocked by a wall); ``envhub run`` shows it after the move.
+OUTCOME_KEY = "outcome"
 
 
 def normalize_action(text: str) -> str:
@@ -89,6 +93,15 @@ class TextSpace(spaces.Space[str]):
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TextSpace) and other.max_length == self.max_length
+
+
+def stable_key(data: str | bytes, length: int | None = None) -> str:
+    """A digest of ``data`` that is the same in every process and on every machine (unlike
+    Python's ``hash()``): the hex SHA-256, its first ``length`` characters (None: all 64). Envs
+    use it for the parts of a ``state_key`` too long to spell out (a board's facts, a question)."""
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    digest = hashlib.sha256(raw).hexdigest()
+    return digest if length is None else digest[:length]
 
 
 class TextEnv(gymnasium.Env[str, str]):

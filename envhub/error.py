@@ -41,10 +41,6 @@ class PolicyError(EnvhubError):
     """A policy cannot act in an environment (no expert, no finite action set, ...)."""
 
 
-class CheckFailed(EnvhubError):
-    """The conformance checker found an environment that breaks the contract."""
-
-
 class AdapterError(EnvhubError, ValueError):
     """A Gymnasium or PettingZoo environment cannot be adapted as given; the message names what to pass."""
 

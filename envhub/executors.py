@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from envhub.actions import ParsedReply, apply_reply
+from envhub.actions import ParsedReply, ReplyFormat, apply_reply
 from envhub.core import TextEnv, ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.registration import EnvSpec
@@ -72,7 +72,7 @@ class StepRequest:
 
     slots: Sequence[int]
     replies: Sequence[str]
-    fmt: Any
+    fmt: ReplyFormat
     expert: bool = False
     cut: Sequence[bool] = ()
 
@@ -153,7 +153,7 @@ class MemoizedFormat:
         max_reply_length: longer replies are parsed every time (they rarely repeat).
     """
 
-    def __init__(self, fmt: Any, max_entries: int = 4096, max_reply_length: int = 256):
+    def __init__(self, fmt: ReplyFormat, max_entries: int = 4096, max_reply_length: int = 256):
         self.fmt = fmt
         self.max_entries = max_entries
         self.max_reply_length = max_reply_length

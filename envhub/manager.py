@@ -21,16 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from envhub.actions import env_format_name, get_format
+from envhub.actions import ReplyFormat, env_format_name, get_format
 from envhub.chat import ChatRenderer, ChatTokens
 from envhub.executors import EnvState, InProcessExecutor, ResetRequest, StepRequest
 from envhub.generation import Completion, Prompt
 from envhub.prompts import BARE_PROMPT, PromptSettings
 from envhub.registration import spec
+from envhub.settings import LAYOUTS, EnvSettings
 from envhub.trajectory import Trajectory, Turn
 
-#: The sample layouts: one sample per episode, or one per turn with a window of history.
-LAYOUTS = ("trajectory", "step")
 #: The settings an env of a mix may set for itself (``per_env``).
 PER_ENV = ("max_turns", "instructions", "system_prompt", "show_legal_actions")
 
@@ -60,7 +59,7 @@ class _Slot:
         self.active = False
         #: A tool env's tool schemas, else None.
         self.tools: list[dict[str, Any]] | None = None
-        self.fmt: Any = None
+        self.fmt: ReplyFormat | None = None
         #: Invalid replies in a row, up to the last one.
         self.invalid_streak = 0
 
@@ -158,28 +157,13 @@ class EnvGroupManager:
         self.unfinished_replies = self.prompt.unfinished_replies
         chosen = get_format(action_format) if isinstance(action_format, str) else action_format
         #: The reply format of each env id (a mix of tool and text envs plays each in its own).
-        self.formats: dict[str, Any] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
+        self.formats: dict[str, ReplyFormat] = {i: chosen if chosen is not None else get_format(env_format_name(s.load())) for i, s in self.specs.items()}
         #: The reply format of the first env id.
         self.fmt = self.formats[self.group_env_ids[0]]
         self.renderer = ChatRenderer(self.fmt, system_prompt, show_legal_actions, show_turns)
         self.instructions = instructions
-        unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in (per_env or {}).items()}
-        unknown = {i: keys for i, keys in unknown.items() if keys}
-        if unknown or set(per_env or {}) - set(partition):
-            raise ValueError(
-                f"per_env takes, for env ids of the mix {sorted(partition)}, the settings {list(PER_ENV)}; got {dict(per_env or {})}"
-            )
-        defaults = {"max_turns": max_turns, "instructions": instructions, "system_prompt": system_prompt, "show_legal_actions": show_legal_actions}
         #: Per env id: its turn limit, instructions override and renderer.
-        self._per_env: dict[str, tuple[int | None, str | None, ChatRenderer]] = {}
-        renderers = {(self.fmt, system_prompt, show_legal_actions): self.renderer}
-        for i in partition:
-            own = {**defaults, **(per_env or {}).get(i, {})}
-            key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
-            renderer = renderers.get(key)
-            if renderer is None:
-                renderer = renderers[key] = ChatRenderer(*key, show_turns=show_turns)
-            self._per_env[i] = (own["max_turns"], own["instructions"], renderer)
+        self._per_env = self._per_env_settings(partition, per_env or {}, max_turns)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
@@ -189,6 +173,75 @@ class EnvGroupManager:
         self.last_states: list[EnvState] = []
         self._slots: list[_Slot] = []
         self._order: list[int] = []
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: EnvSettings | Mapping[EnvSettings, int],
+        num_groups: int | None = None,
+        group_size: int = 8,
+        *,
+        seed: int = 0,
+        tokenizer: Any | None = None,
+        executor: Any | None = None,
+    ) -> EnvGroupManager:
+        """The manager of one env's :class:`~envhub.settings.EnvSettings` (``num_groups`` groups),
+        or of a mix: a mapping from each env's settings to its number of groups, in order.
+
+        The envs of a mix may differ in env kwargs, turn limit and the prompt fields of
+        :data:`~envhub.prompts.ENV_PROMPT_FIELDS`; the rest (layout, reply format, context budget,
+        invalid streak...) is one per manager, as the first env's settings give it.
+
+        Raises:
+            ValueError: for a mix whose envs differ in a setting that is one per manager.
+        """
+        if isinstance(settings, EnvSettings):
+            return cls(
+                settings.env_id, num_groups, group_size, seed=seed, max_turns=settings.max_turns, env_kwargs=settings.env_kwargs,
+                layout=settings.layout, tokenizer=tokenizer, prompt=settings.prompt, executor=executor,
+                max_invalid_streak=settings.max_invalid_streak,
+            )
+        mix = list(settings.items())
+        first = mix[0][0]
+        shared = {name: None for name in PER_ENV if name != "max_turns"}
+        def held_once(s: EnvSettings) -> tuple[Any, ...]:
+            return s.layout, s.max_invalid_streak, dataclasses.replace(s.prompt, **shared)
+
+        for own, _ in mix[1:]:
+            if held_once(own) != held_once(first):
+                raise ValueError(f"{own.env_id} and {first.env_id} differ in a setting a manager holds once (only {list(PER_ENV)} and env kwargs may)")
+        return cls(
+            {s.env_id: count for s, count in mix}, num_groups, group_size, seed=seed, env_kwargs={s.env_id: s.env_kwargs for s, _ in mix},
+            per_env={s.env_id: {"max_turns": s.max_turns, **{name: getattr(s.prompt, name) for name in shared}} for s, _ in mix},
+            layout=first.layout, tokenizer=tokenizer, prompt=first.prompt, executor=executor, max_invalid_streak=first.max_invalid_streak,
+        )
+
+    def _per_env_settings(
+        self, partition: Mapping[str, int], per_env: Mapping[str, Mapping[str, Any]], max_turns: int | None
+    ) -> dict[str, tuple[int | None, str | None, ChatRenderer]]:
+        """Each env id's turn limit, instructions override and renderer: the manager's, with what
+        ``per_env`` sets for that id (a renderer is shared by the ids that render alike)."""
+        unknown = {i: sorted(set(values) - set(PER_ENV)) for i, values in per_env.items()}
+        unknown = {i: keys for i, keys in unknown.items() if keys}
+        if unknown or set(per_env) - set(partition):
+            raise ValueError(
+                f"per_env takes, for env ids of the mix {sorted(partition)}, the settings {list(PER_ENV)}; got {dict(per_env)}"
+            )
+        prompt = self.prompt
+        defaults = {
+            "max_turns": max_turns, "instructions": prompt.instructions, "system_prompt": prompt.system_prompt,
+            "show_legal_actions": prompt.show_legal_actions,
+        }
+        out = {}
+        renderers = {(self.fmt, prompt.system_prompt, prompt.show_legal_actions): self.renderer}
+        for i in partition:
+            own = {**defaults, **per_env.get(i, {})}
+            key = (self.formats[i], own["system_prompt"], own["show_legal_actions"])
+            renderer = renderers.get(key)
+            if renderer is None:
+                renderer = renderers[key] = ChatRenderer(*key, show_turns=prompt.show_turns)
+            out[i] = (own["max_turns"], own["instructions"], renderer)
+        return out
 
     @property
     def num_envs(self) -> int:

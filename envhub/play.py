@@ -20,7 +20,7 @@ from envhub.error import EnvhubError, PolicyError
 from envhub.executors import InProcessExecutor
 from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
-from envhub.prompts import BARE_PROMPT, PromptSettings
+from envhub.settings import EnvSettings
 from envhub.rollout import Trajectory, rollout
 from envhub.tools import call_from_python, describe_tools
 
@@ -38,22 +38,16 @@ class Player:
         tokenizer: the model's tokenizer, with a chat template; None plays in text (model-free
             generators read the prompt's legal actions, expert action and messages).
         sampling: how the generator samples (greedy by default).
-        prompt: the prompt settings the model plays under (a checkpoint's ``envhub.json``; by
-            default :data:`~envhub.prompts.BARE_PROMPT`, without a context budget). Without a
-            tokenizer the budget is dropped: it counts tokens.
-        env_kwargs: the env settings it trained with (``envhub run`` makes the env with them).
-        max_turns: the turn limit it trained with.
-        layout: the sample layout it trained in (``"step"``: one turn a prompt; ``"trajectory"``:
-            the episode so far), so a model sees prompts built as in training.
+        settings: the env settings it plays under (a checkpoint's ``envhub.json``: prompt settings,
+            env kwargs, turn limit, layout); None: :data:`~envhub.prompts.BARE_PROMPT`, without a
+            context budget, and the env's defaults. Without a tokenizer the budget is dropped: it
+            counts tokens.
     """
 
     generator: Generator
     tokenizer: Any | None = None
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
-    prompt: PromptSettings = field(default_factory=lambda: BARE_PROMPT)
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_turns: int | None = None
-    layout: str = "trajectory"
+    settings: EnvSettings | None = None
 
     @property
     def stopped(self) -> bool:
@@ -65,11 +59,12 @@ class Player:
 
         ``env_kwargs`` are laid over the ones the player trained with; ``max_turns`` wins over its own.
         """
-        return EnvGroupManager(
-            env_id, 1, 1, max_turns=max_turns or self.max_turns, env_kwargs={**self.env_kwargs, **(env_kwargs or {})},
-            tokenizer=self.tokenizer, executor=InProcessExecutor(), layout=self.layout,
-            prompt=self.prompt if self.tokenizer is not None else self.prompt.without_budget(),
+        own = self.settings.replace(env_id=env_id) if self.settings is not None else EnvSettings(env_id)
+        settings = own.replace(
+            max_turns=max_turns or own.max_turns, env_kwargs={**own.env_kwargs, **(env_kwargs or {})},
+            prompt=own.prompt if self.tokenizer is not None else own.prompt.without_budget(),
         )
+        return EnvGroupManager.from_settings(settings, 1, 1, tokenizer=self.tokenizer, executor=InProcessExecutor())
 
 
 class HumanGenerator:

@@ -5,25 +5,20 @@ message, no list of legal actions and a 2,048-token budget is a different policy
 with the environment's long rules and the legal actions listed. The manager, the trainer, ``envhub
 eval``, ``envhub run --policy PATH`` and ``envhub export-sft`` therefore all take one
 :class:`PromptSettings`, and every checkpoint the trainer writes carries it in ``envhub.json``
-beside ``config.json``, together with the environment it trained on (id, keyword arguments, turn
-limit), so that evaluation renders exactly the prompts training rendered.
+beside ``config.json``, inside the :class:`~envhub.settings.EnvSettings` of the environment it
+trained on (:class:`~envhub.settings.TrainedOn`), so that evaluation renders exactly the prompts
+training rendered.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
 from envhub.error import EnvhubError
-
-#: The file a checkpoint folder keeps its prompt settings and training env in.
-SETTINGS_FILE = "envhub.json"
-
 
 class SettingsError(EnvhubError):
     """A checkpoint's ``envhub.json`` cannot be read as prompt settings."""
@@ -79,10 +74,6 @@ class PromptSettings:
         tokens, so a manager without a tokenizer plays with none."""
         return dataclasses.replace(self, max_prompt_tokens=None)
 
-    def manager_kwargs(self) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of these settings."""
-        return dataclasses.asdict(self)
-
     def replace(self, **changes: Any) -> PromptSettings:
         """A copy with ``changes`` applied (None values are ignored: "not given")."""
         given = {name: value for name, value in changes.items() if value is not None}
@@ -127,107 +118,3 @@ BARE_PROMPT = PromptSettings().without_budget()
 #: The prompt settings an env of a mix may set for itself (the rest shape the model's replies and
 #: its context, so they are one per run).
 ENV_PROMPT_FIELDS = ("instructions", "system_prompt", "show_legal_actions")
-
-
-#: The keys of :attr:`TrainedOn.held_out`.
-HELD_OUT_KEYS = ("seed_offset", "episodes", "max_invalid_streak", "generator")
-
-
-def _held_out(body: Any) -> dict[str, Any] | None:
-    """A settings file's ``held_out`` mapping, checked (None stays None)."""
-    if body is None:
-        return None
-    if not isinstance(body, dict) or set(body) != set(HELD_OUT_KEYS):
-        raise ValueError(f"held_out must map exactly {list(HELD_OUT_KEYS)}, got {body!r}")
-    streak = body["max_invalid_streak"]
-    return {
-        "seed_offset": int(body["seed_offset"]), "episodes": int(body["episodes"]),
-        "max_invalid_streak": None if streak is None else int(streak), "generator": str(body["generator"]),
-    }
-
-
-@dataclass(frozen=True)
-class TrainedOn:
-    """What a checkpoint was trained on: the prompt settings and the environment(s).
-
-    Attributes:
-        prompt: the prompt settings.
-        env_id: the environment id (the first one of a mix; None when unknown).
-        env_kwargs: its ``envhub.make`` keyword arguments.
-        max_turns: the turn limit of its training episodes (None: the env's registered one).
-        envs: with a mix of environments, each one's ``{"kwargs", "max_turns", "prompt"}``, where
-            ``prompt`` holds its overrides of :data:`ENV_PROMPT_FIELDS`; empty for a single env.
-        max_reply_tokens: the most tokens a reply had in training (``max_turn_tokens``); a model
-            played with a larger budget meets replies it never learned to end. None when unknown.
-        held_out: how the run measured held-out success, so that ``envhub eval`` can repeat it:
-            ``seed_offset`` and ``episodes`` (seeds ``seed_offset .. + episodes - 1``),
-            ``max_invalid_streak`` (a model's episode ends after that many invalid replies in a
-            row; None: at its turn limit) and ``generator`` (the backend that sampled); None when unknown.
-        layout: the sample layout its prompts were built in (``"trajectory"``: the episode so far;
-            ``"step"``: one turn with ``history_turns`` before it); a folder that does not say was
-            trained in the trajectory layout, the only one before ``step``.
-    """
-
-    prompt: PromptSettings = field(default_factory=PromptSettings)
-    env_id: str | None = None
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_turns: int | None = None
-    envs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    max_reply_tokens: int | None = None
-    held_out: dict[str, Any] | None = None
-    layout: str = "trajectory"
-
-    def save(self, folder: str | Path) -> Path:
-        """Write ``envhub.json`` into ``folder`` and return its path."""
-        path = Path(folder) / SETTINGS_FILE
-        body: dict[str, Any] = {
-            "prompt_settings": self.prompt.manager_kwargs(),
-            "env": {"id": self.env_id, "kwargs": dict(self.env_kwargs), "max_turns": self.max_turns},
-        }
-        if self.envs:
-            body["envs"] = self.envs
-        if self.max_reply_tokens is not None:
-            body["max_reply_tokens"] = self.max_reply_tokens
-        if self.held_out is not None:
-            body["held_out"] = dict(self.held_out)
-        body["layout"] = self.layout
-        path.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
-        return path
-
-    @classmethod
-    def load(cls, folder: str | Path) -> TrainedOn | None:
-        """Read ``folder/envhub.json``; None when the folder has none (a model envhub did not train)."""
-        path = Path(folder) / SETTINGS_FILE
-        if not path.is_file():
-            return None
-        try:
-            body = json.loads(path.read_text(encoding="utf-8"))
-            env = body.get("env") or {}
-            envs = {str(i): dict(entry) for i, entry in (body.get("envs") or {}).items()}
-            for i, entry in envs.items():
-                unknown = sorted(set(entry.get("prompt") or {}) - set(ENV_PROMPT_FIELDS))
-                if unknown:
-                    raise ValueError(f"env {i}: unknown prompt overrides {unknown}; known: {list(ENV_PROMPT_FIELDS)}")
-            return cls(
-                prompt=PromptSettings.from_dict(body.get("prompt_settings") or {}),
-                env_id=env.get("id"),
-                env_kwargs=dict(env.get("kwargs") or {}),
-                max_turns=env.get("max_turns"),
-                envs=envs,
-                max_reply_tokens=None if body.get("max_reply_tokens") is None else int(body["max_reply_tokens"]),
-                held_out=_held_out(body.get("held_out")),
-                layout=str(body.get("layout") or "trajectory"),
-            )
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise SettingsError(f"{path} is not a valid envhub settings file: {exc}") from exc
-
-    def for_env(self, env_id: str) -> tuple[PromptSettings, dict[str, Any], int | None]:
-        """``(prompt settings, env_kwargs, max_turns)`` to play ``env_id`` as in training: for an
-        env of a mix, the run's prompt settings with that env's overrides; for an env the model
-        did not train on, the run's prompt settings and the env's defaults."""
-        if env_id in self.envs:
-            entry = self.envs[env_id]
-            return self.prompt.replace(**(entry.get("prompt") or {})), dict(entry.get("kwargs") or {}), entry.get("max_turns")
-        if env_id == self.env_id:
-            return self.prompt, dict(self.env_kwargs), self.max_turns
-        return self.prompt, {}, None

@@ -20,6 +20,7 @@ from envhub.generation import Completion
 from envhub.manager import EnvGroupManager, group_seeds
 from envhub.registration import registry
 from envhub.rollout import batch_metrics, rollout
+from envhub.settings import EnvSettings
 
 
 class Corridor(DiscreteTextEnv):
@@ -157,14 +158,14 @@ def test_reading_observations_beats_every_fixed_sequence(toy_envs):
         env.reset(seed=seed)
         doors.append(env.door)
     assert 0 < doors.count("Left") < len(SEEDS)
-    references = reference_policies("test/Signpost-v0", SEEDS)
+    references = reference_policies(EnvSettings("test/Signpost-v0"), SEEDS)
     assert list(references) == ["random policy", "open-loop", "expert"]  # no known limit: no "optimal"
     assert references["open-loop"] == max(doors.count("Left"), doors.count("Right")) / len(SEEDS)
     assert references["open-loop"] < references["expert"] == 1.0
 
 
 def test_references_leave_out_what_the_env_cannot_provide(toy_envs):
-    references = reference_policies("test/Corridor-v0", SEEDS)
+    references = reference_policies(EnvSettings("test/Corridor-v0"), SEEDS)
     assert set(references) == {"random policy", "open-loop"}  # no expert, no known limit
     assert references["open-loop"] == 1.0 and references["random policy"] < 1.0
 
@@ -254,7 +255,7 @@ def test_eval_json_carries_the_references(tmp_path):
     result = CliRunner().invoke(cli, [*command, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    expected = reference_policies(lake, group_seeds(3, 0, 6), max_turns=6, seed=3)
+    expected = reference_policies(EnvSettings(lake, max_turns=6), group_seeds(3, 0, 6), seed=3)
     assert report["references"] == expected
     assert list(expected) == ["random policy", "open-loop", "expert", "optimal"] and expected["expert"] == 1.0
     assert report["open_loop_exhaustive"] is True

@@ -4,8 +4,10 @@ stderr is a file or a pipe."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import types
 
 import pytest
 from helper_envs import flaky_env  # noqa: F401  (fixture)
@@ -49,15 +51,23 @@ def test_the_streak_limit_must_be_positive():
         EnvGroupManager(LAKE, 1, 1, max_invalid_streak=0)
 
 
-def test_evaluation_cuts_the_models_episodes_but_not_the_reference_policies(tmp_path):
+def test_evaluation_cuts_the_models_episodes_but_not_the_reference_policies(tmp_path, monkeypatch):
     config = pytest.importorskip("envhub_trl.config")
+    trainer_module = pytest.importorskip("envhub_trl.trainer")
     args = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE)
     entry = args.env_entries()[0]
     assert args.eval_max_invalid_streak == 3
-    assert args.eval_manager_kwargs_for(entry)["max_invalid_streak"] == 3
-    assert args.eval_manager_kwargs_for(entry, model=False)["max_invalid_streak"] is None
+    assert args.env_settings(entry).max_invalid_streak is None  # training, and the reference policies, play every turn
+    played = []
+    trainer = types.SimpleNamespace(args=args, processing_class=None, generator=None, generator_lock=contextlib.nullcontext())
+    monkeypatch.setattr(trainer_module, "evaluate_generator", lambda generator, tokenizer, settings, *a, **k: played.append(settings) or {})
+    trainer_module.EnvGRPOTrainer.evaluate_env(trainer, [1])
+    trainer_module.EnvGRPOTrainer.evaluate_env(trainer, [1], generator=object())
+    assert [s.max_invalid_streak for s in played] == [3, None]
     off = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, eval_max_invalid_streak=None)
-    assert off.eval_manager_kwargs_for(entry)["max_invalid_streak"] is None
+    trainer.args = off
+    trainer_module.EnvGRPOTrainer.evaluate_env(trainer, [1])
+    assert played[-1].max_invalid_streak is None
 
 
 def test_progress_is_written_as_lines_where_stderr_is_not_a_terminal(monkeypatch):

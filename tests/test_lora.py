@@ -121,7 +121,7 @@ def test_train_with_lora_and_vllm_saves_a_merged_model_that_loads_without_peft(t
     RL whose vLLM engine gets the merged weights every step, the merged model saved."""
     from transformers import AutoModelForCausalLM
 
-    from envhub_trl.train_command import run_training
+    from envhub_trl.run import run_training
     from envhub_trl.warm_start import WarmStart
 
     out = tmp_path / "out"
@@ -145,7 +145,7 @@ def test_async_rollouts_with_lora_play_with_the_merged_weights(tmp_path, monkeyp
     plain copy of the base model (a LoRA model cannot be rebuilt from its config: the producer
     failed to start with a TypeError)."""
     from envhub_trl.async_rollout import AsyncRollouts
-    from envhub_trl.train_command import run_training
+    from envhub_trl.run import run_training
     from envhub_trl.warm_start import WarmStart
 
     posted = []

@@ -14,7 +14,8 @@ pytest.importorskip("trl")
 
 from click.testing import CliRunner  # noqa: E402
 
-from envhub.prompts import TrainedOn  # noqa: E402
+from envhub.manager import EnvGroupManager  # noqa: E402
+from envhub.settings import TrainedOn  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.curriculum import Curriculum, CurriculumState  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate  # noqa: E402
@@ -61,7 +62,7 @@ def spied_run(tiny, config):
     class Spy(EnvGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
-            manager = self._manager
+            manager = self._managers["main"][0]
             batches.append({"trajectories": list(manager.trajectories()), "group_size": manager.group_size, "step": self.state.global_step})
             return output
 
@@ -104,8 +105,8 @@ def test_config_with_envs_sets_the_batch_and_refuses_a_second_env_id(tmp_path):
     config = _config(tmp_path)
     assert config.env_id == LAKE and config.groups_per_step == 3 and config.generation_batch_size == 12
     sokoban = config.env_entries()[1]
-    kwargs = config.manager_kwargs_for(sokoban)
-    assert kwargs["max_turns"] == 3 and kwargs["instructions"] == "Push the box onto the target." and kwargs["env_kwargs"] == {}
+    settings = config.env_settings(sokoban)
+    assert settings.max_turns == 3 and settings.prompt.instructions == "Push the box onto the target." and settings.env_kwargs == {}
     with pytest.raises(ValueError, match="set env_id or envs"):
         _config(tmp_path, env_id="gym/Taxi-v3")
     with pytest.raises(ValueError, match="env_kwargs is for a single env_id"):
@@ -131,12 +132,44 @@ def test_a_mix_checkpoint_plays_each_env_on_its_own_prompts(tmp_path):
     config = _config(tmp_path)
     config.trained_on().save(tmp_path)
     trained = TrainedOn.load(tmp_path)
-    prompt, kwargs, turns = trained.for_env(SOKOBAN)
-    assert (prompt.instructions, kwargs, turns) == ("Push the box onto the target.", {}, 3)
-    prompt, kwargs, turns = trained.for_env(LAKE)
-    assert (prompt.instructions, kwargs, turns) == ("Reach the goal.", {"view": "local"}, 4)
-    prompt, kwargs, turns = trained.for_env("gym/Taxi-v3")
-    assert (prompt.instructions, kwargs, turns) == ("Reach the goal.", {}, None)
+    assert trained.envs == {e.env_id: config.env_settings(e) for e in config.env_entries()}
+    own = trained.for_env(SOKOBAN)
+    assert (own.prompt.instructions, own.env_kwargs, own.max_turns) == ("Push the box onto the target.", {}, 3)
+    own = trained.for_env(LAKE)
+    assert (own.prompt.instructions, own.env_kwargs, own.max_turns) == ("Reach the goal.", {"view": "local"}, 4)
+    own = trained.for_env("gym/Taxi-v3")
+    assert (own.prompt.instructions, own.env_kwargs, own.max_turns) == ("Reach the goal.", {}, None)
+
+
+def test_an_envhub_json_written_before_env_settings_still_reads(tmp_path):
+    """The file's shape is what it was: a mix's envs carry only the prompt fields they set."""
+    body = {
+        "prompt_settings": {"instructions": "Reach the goal.", "show_legal_actions": False},
+        "env": {"id": LAKE, "kwargs": {"view": "local"}, "max_turns": 4},
+        "envs": {
+            LAKE: {"kwargs": {"view": "local"}, "max_turns": 4, "prompt": {"instructions": "Reach the goal."}},
+            SOKOBAN: {"kwargs": {}, "max_turns": 3, "prompt": {"instructions": "Push the box onto the target."}},
+        },
+        "max_reply_tokens": 16,
+    }
+    (tmp_path / "envhub.json").write_text(json.dumps(body))
+    trained = TrainedOn.load(tmp_path)
+    assert list(trained.envs) == [LAKE, SOKOBAN] and trained.first.layout == "trajectory"
+    sokoban = trained.for_env(SOKOBAN)
+    assert (sokoban.prompt.instructions, sokoban.prompt.show_legal_actions, sokoban.max_turns, sokoban.max_reply_tokens) == (
+        "Push the box onto the target.", False, 3, 16
+    )
+
+
+def test_a_mix_manager_is_built_from_each_envs_settings(tmp_path):
+    config = _config(tmp_path)
+    groups = {config.env_settings(e): e.groups for e in config.env_entries()}
+    settings = [s.replace(prompt=s.prompt.without_budget()) for s in groups]
+    manager = EnvGroupManager.from_settings(dict(zip(settings, groups.values())), None, 2)
+    assert manager.group_env_ids == [e.env_id for e in config.env_entries() for _ in range(e.groups)]
+    assert manager._per_env[SOKOBAN][:2] == (3, "Push the box onto the target.")
+    with pytest.raises(ValueError, match="differ in a setting a manager holds once"):
+        EnvGroupManager.from_settings({settings[0]: 1, settings[1].replace(layout="step"): 1}, None, 2)
 
 
 # ------------------------------------------------------------------------------ normalisation
@@ -305,5 +338,5 @@ def test_train_command_reports_held_out_results_per_env(tmp_path):
     assert all(LAKE in point and SOKOBAN in point for point in results["training_curve"])
     assert (out / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     saved = TrainedOn.load(out / "final")
-    assert saved.for_env(SOKOBAN)[2] == 3 and saved.for_env(LAKE)[1] == {"view": "local"}
-    assert saved.for_env(SOKOBAN)[0].instructions.startswith("Push the box")
+    assert saved.for_env(SOKOBAN).max_turns == 3 and saved.for_env(LAKE).env_kwargs == {"view": "local"}
+    assert saved.for_env(SOKOBAN).prompt.instructions.startswith("Push the box")

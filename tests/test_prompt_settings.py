@@ -11,6 +11,7 @@ from envhub.generation import RandomGenerator
 from envhub.manager import EnvGroupManager
 from envhub.play import Player
 from envhub.prompts import BARE_PROMPT, PROMPT_BOUNDS, PromptSettings
+from envhub.settings import EnvSettings
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
 FIELDS = [f.name for f in dataclasses.fields(PromptSettings)]
@@ -55,9 +56,9 @@ def test_a_bare_manager_and_player_play_without_a_budget_training_with_2048():
     assert PromptSettings().max_prompt_tokens == 2048
     assert BARE_PROMPT == dataclasses.replace(PromptSettings(), max_prompt_tokens=None)
     assert EnvGroupManager(LAKE, 1, 1).prompt == BARE_PROMPT
-    assert Player(RandomGenerator()).prompt == BARE_PROMPT
+    assert Player(RandomGenerator()).manager(LAKE).prompt == BARE_PROMPT
     # A player given a budget but no tokenizer plays without it (a budget counts tokens).
-    manager = Player(RandomGenerator(), prompt=PromptSettings(history_turns=1)).manager(LAKE)
+    manager = Player(RandomGenerator(), settings=EnvSettings(LAKE, prompt=PromptSettings(history_turns=1))).manager(LAKE)
     assert manager.prompt == PromptSettings(history_turns=1, max_prompt_tokens=None)
 
 
@@ -69,7 +70,7 @@ def test_the_configs_prompt_fields_take_prompt_settings_defaults_and_bounds(tmp_
     assert all(config.FIELD_BOUNDS[name] is bound for name, bound in PROMPT_BOUNDS.items())
     run = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none")
     assert run.prompt_settings() == defaults
-    assert run.manager_kwargs()["max_prompt_tokens"] == 2048
+    assert run.env_settings().prompt.max_prompt_tokens == 2048
 
 
 def test_the_config_takes_prompt_settings_as_one_mapping_or_as_flat_keys(tmp_path):
@@ -95,7 +96,7 @@ def test_the_config_takes_prompt_settings_as_one_mapping_or_as_flat_keys(tmp_pat
 
 def test_a_yaml_config_takes_a_prompt_mapping_and_flat_keys(tmp_path):
     pytest.importorskip("envhub_trl")
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     nested = tmp_path / "nested.yaml"
     nested.write_text("prompt:\n  history_turns: 1\n  format_penalty: -0.1\n")

@@ -14,7 +14,7 @@ pytest.importorskip("trl")
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.lora import LoraSettings  # noqa: E402
 from envhub_trl.tiny import TinySpec  # noqa: E402
-from envhub_trl.train_command import load_config_file, split_warm_start  # noqa: E402
+from envhub_trl.run import load_config_file, split_warm_start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("bench/learning/*.yaml"), *ROOT.glob("bench/learning/format/*.yaml")])

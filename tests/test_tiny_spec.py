@@ -60,7 +60,7 @@ def test_bad_tiny_settings_are_one_line_errors(mapping, message):
 
 
 def test_tiny_settings_for_another_model_are_refused_before_anything_loads(tmp_path):
-    from envhub_trl.train_command import run_training
+    from envhub_trl.run import run_training
 
     values = dict(output_dir=str(tmp_path), env_id=LAKE, max_steps=1, tiny={"phrase_tokens": True})
     with pytest.raises(click.ClickException, match="tiny settings are for --model tiny"):

@@ -22,7 +22,7 @@ from click.testing import CliRunner  # noqa: E402
 from envhub.generation import ExpertGenerator, Prompt, SamplingParams  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout, step_arrays  # noqa: E402
-from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
+from envhub_trl.advantages import gigpo_advantages, grpo_advantages, select_groups  # noqa: E402
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings, TurnBatch  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
@@ -69,7 +69,7 @@ def test_config_group_size_is_num_generations_and_sets_the_generation_batch(tmp_
     assert config.num_generations == config.group_size == 3
     assert config.generation_batch_size == 12
     assert config.steps_per_generation == 2
-    assert config.manager_kwargs()["max_turns"] == 4
+    assert config.env_settings().max_turns == 4
 
 
 # ---------------------------------------------------------------------------------------- glue
@@ -114,10 +114,12 @@ def test_turn_advantages_zero_dropped_groups():
         traj_groups=np.array([0, 0, 1, 1]),
         env_ids=np.array([LAKE] * 4, dtype=object),
     )
-    out = turn_advantages(batch, "grpo", EstimatorSettings(norm="mean"), drop_tied=True)
+    tied = select_groups(batch.returns, batch.traj_groups, drop_tied=True)
+    out = turn_advantages(batch, "grpo", EstimatorSettings(norm="mean"), keep=tied)
     np.testing.assert_allclose(out["advantages"], [0.5, -0.5, 0, 0])
     np.testing.assert_array_equal(out["keep"], [True, True, False, False])
-    gigpo = turn_advantages(batch, "gigpo", EstimatorSettings(norm="mean", step_reward_weight=0.5), keep_fraction=0.5)
+    half = select_groups(batch.returns, batch.traj_groups, keep_fraction=0.5)
+    gigpo = turn_advantages(batch, "gigpo", EstimatorSettings(norm="mean", step_reward_weight=0.5), keep=half)
     np.testing.assert_allclose(gigpo["advantages"], [0.75, -0.75, 0, 0])
     with pytest.raises(ValueError, match="unknown advantage estimator 'a2c'"):
         turn_advantages(batch, "a2c")
@@ -464,10 +466,10 @@ def test_ppo_critic_is_saved_with_each_checkpoint_and_resumed(ppo_runs, tiny, tm
 def test_training_envs_can_run_in_worker_processes_with_a_deadline(tiny, tmp_path):
     config = _config(tmp_path, env_executor="process", env_workers=1, env_step_timeout=60.0)
     trainer, before, batches = spied_run(tiny, config)
-    assert trainer.state.global_step == 2 and type(trainer._manager.executor).__name__ == "ProcessPoolExecutor"
-    assert trainer._manager.executor.step_timeout == 60.0
+    assert trainer.state.global_step == 2 and type(trainer._managers["main"][0].executor).__name__ == "ProcessPoolExecutor"
+    assert trainer._managers["main"][0].executor.step_timeout == 60.0
     assert all(t.error is None for spied in batches for t in spied["trajectories"])
-    trainer._manager.close()
+    trainer._managers["main"][0].close()
     with pytest.raises(ValueError, match="env_executor"):
         _config(tmp_path, env_executor="threads")
 
@@ -479,7 +481,7 @@ def test_config_checks_the_layout_and_the_server(tmp_path):
         _config(tmp_path, generator="vllm-server")
     with pytest.raises(ValueError, match="vllm-server"):
         _config(tmp_path, vllm_server_url="http://127.0.0.1:8000")
-    assert _config(tmp_path, sample_layout="step", history_turns=3).manager_kwargs()["history_turns"] == 3
+    assert _config(tmp_path, sample_layout="step", history_turns=3).env_settings().prompt.history_turns == 3
 
 
 @pytest.mark.slow
@@ -734,7 +736,7 @@ def test_a_bad_config_file_is_named_by_field_and_type_before_anything_loads(tmp_
 
 def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
     from envhub.cli import cli
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     config = tmp_path / "run.yaml"
     config.write_text("learning_rate: 1e-4\ngroup_size: '4'\nwarm_start: {steps: 5}\n")
@@ -748,7 +750,7 @@ def test_config_values_are_converted_and_overridden_hydra_style(tmp_path):
 
 
 def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_boolean(tmp_path):
-    from envhub_trl.train_command import load_config_file
+    from envhub_trl.run import load_config_file
 
     values = load_config_file(None, ["save_strategy=no", "eval_strategy=no", "use_cpu=true", "bf16=no"])
     assert values == {"save_strategy": "no", "eval_strategy": "no", "use_cpu": True, "bf16": False}
@@ -785,10 +787,10 @@ def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp
     from envhub_trl.warm_start import WarmStart, expert_samples
 
     tokenizer = build_tokenizer(environment_corpus([LAKE]))
-    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
-    samples = expert_samples(tokenizer, LAKE, range(24), epsilon=0.5, seed=3, **manager_kwargs)
+    settings = _config(tmp_path, max_turns=8).env_settings()
+    samples = expert_samples(tokenizer, settings, range(24), epsilon=0.5, seed=3)
     # The same episodes, played again: the noise is seeded.
-    manager = EnvGroupManager(LAKE, 24, 1, tokenizer=tokenizer, **manager_kwargs)
+    manager = EnvGroupManager.from_settings(settings, 24, 1, tokenizer=tokenizer)
     trajectories = rollout(manager, ExpertGenerator(tokenizer, epsilon=0.5, seed=3), SamplingParams(), seeds=list(range(24)))
     noisy_turns = [turn for t in trajectories for turn in t.turns if turn.action != turn.expert_action]
     assert noisy_turns and all(turn.expert_action is not None for t in trajectories for turn in t.turns)
@@ -798,11 +800,11 @@ def test_noisy_demonstrations_are_played_but_only_the_experts_moves_imitated(tmp
             assert ((t.index, turn.index) in kept) == (turn.action == turn.expert_action)
     assert all(len(s.env_mask) == len(s.turn_ids) for s in samples)
     # Clean demonstrations keep every reply.
-    clean = expert_samples(tokenizer, LAKE, range(4), **manager_kwargs)
-    played = rollout(EnvGroupManager(LAKE, 4, 1, tokenizer=tokenizer, **manager_kwargs), ExpertGenerator(tokenizer), seeds=list(range(4)))
+    clean = expert_samples(tokenizer, settings, range(4))
+    played = rollout(EnvGroupManager.from_settings(settings, 4, 1, tokenizer=tokenizer), ExpertGenerator(tokenizer), seeds=list(range(4)))
     assert [sum(s.env_mask) for s in clean] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
     model = build_model(tokenizer, seed=0)
-    losses = WarmStart(steps=30, episodes=24, epsilon=0.5).run(model, tokenizer, LAKE, seed=3, **manager_kwargs)
+    losses = WarmStart(steps=30, episodes=24, epsilon=0.5).run(model, tokenizer, settings, seed=3)
     assert len(losses) == 30 and losses[-1] < losses[0]
 
 
@@ -814,21 +816,21 @@ def test_a_random_demonstrator_is_imitated_in_full_and_teaches_the_format_only(t
     from envhub_trl.warm_start import WarmStart, expert_samples
 
     tokenizer = build_tokenizer(environment_corpus([LAKE]))
-    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
-    samples = expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random", **manager_kwargs)
-    played = rollout(EnvGroupManager(LAKE, 16, 1, tokenizer=tokenizer, **manager_kwargs), RandomGenerator(5, tokenizer), seeds=list(range(16)))
+    settings = _config(tmp_path, max_turns=8).env_settings()
+    samples = expert_samples(tokenizer, settings, range(16), seed=5, demonstrator="random")
+    played = rollout(EnvGroupManager.from_settings(settings, 16, 1, tokenizer=tokenizer), RandomGenerator(5, tokenizer), seeds=list(range(16)))
     # Every reply of the random mover's episodes is imitated, and they are its moves, not the expert's.
     assert [sum(s.env_mask) for s in samples] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
     moves = [turn.action for t in played for turn in t.turns]
     assert len(set(moves)) == 4
-    assert samples == expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random", **manager_kwargs)  # seeded
+    assert samples == expert_samples(tokenizer, settings, range(16), seed=5, demonstrator="random")  # seeded
     warm = WarmStart.from_mapping({"demonstrator": "random", "steps": 2, "episodes": 16})
     assert warm.demonstrator == "random" and "random-mover (format-only) episodes" in warm.describe()
     # random-mapping: the same moves whenever the same prompt comes back, every move imitated.
     from envhub.generation import RandomMappingGenerator
 
-    mapped = expert_samples(tokenizer, LAKE, range(16), seed=5, demonstrator="random-mapping", **manager_kwargs)
-    played = rollout(EnvGroupManager(LAKE, 16, 1, tokenizer=tokenizer, **manager_kwargs), RandomMappingGenerator(5, tokenizer), seeds=list(range(16)))
+    mapped = expert_samples(tokenizer, settings, range(16), seed=5, demonstrator="random-mapping")
+    played = rollout(EnvGroupManager.from_settings(settings, 16, 1, tokenizer=tokenizer), RandomMappingGenerator(5, tokenizer), seeds=list(range(16)))
     assert [sum(s.env_mask) for s in mapped] == [sum(len(turn.completion_ids) for turn in t.turns) for t in played]
     assert len({turn.action for t in played for turn in t.turns}) > 1
     with pytest.raises(ValueError, match="demonstrator must be one of"):
@@ -844,12 +846,12 @@ def test_a_world_model_warm_start_learns_the_observation_each_move_led_to(tmp_pa
     from envhub_trl.warm_start import WarmStart, expert_samples
 
     tokenizer = build_tokenizer(environment_corpus([LAKE]))
-    manager_kwargs = _config(tmp_path, max_turns=8, sample_layout=layout).manager_kwargs()
-    plain = expert_samples(tokenizer, LAKE, range(8), seed=5, demonstrator="random", **manager_kwargs)
-    both = expert_samples(tokenizer, LAKE, range(8), seed=5, demonstrator="random", world_model=True, **manager_kwargs)
+    settings = _config(tmp_path, max_turns=8, sample_layout=layout).env_settings()
+    plain = expert_samples(tokenizer, settings, range(8), seed=5, demonstrator="random")
+    both = expert_samples(tokenizer, settings, range(8), seed=5, demonstrator="random", world_model=True)
     assert both[: len(plain)] == plain
     world = both[len(plain) :]
-    played = rollout(EnvGroupManager(LAKE, 8, 1, tokenizer=tokenizer, **manager_kwargs), RandomGenerator(5, tokenizer), seeds=list(range(8)))
+    played = rollout(EnvGroupManager.from_settings(settings, 8, 1, tokenizer=tokenizer), RandomGenerator(5, tokenizer), seeds=list(range(8)))
     if layout == "step":
         pairs = [(turn, after) for t in played for turn, after in zip(t.turns, t.turns[1:])]
         assert len(world) == len(pairs) > 8
@@ -867,7 +869,7 @@ def test_a_world_model_warm_start_learns_the_observation_each_move_led_to(tmp_pa
             assert trained == between and trained  # the env's tokens after the first reply, no reply token
     warm = WarmStart.from_mapping({"demonstrator": "random", "world_model": True, "steps": 3, "episodes": 8})
     assert "the observation each move led to" in warm.describe()
-    assert len(warm.run(build_model(tokenizer, seed=0), tokenizer, LAKE, seed=5, **manager_kwargs)) == 3
+    assert len(warm.run(build_model(tokenizer, seed=0), tokenizer, settings, seed=5)) == 3
     with pytest.raises(ValueError, match="world_model must be true or false"):
         WarmStart.from_mapping({"world_model": "yes"})
 
@@ -881,14 +883,14 @@ def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp
     from envhub_trl.warm_start import WarmStart, expert_samples, relabelled_samples
 
     tokenizer = build_tokenizer(environment_corpus([LAKE]))
-    manager_kwargs = _config(tmp_path, max_turns=8).manager_kwargs()
-    samples, trajectories = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, LAKE, range(12), **manager_kwargs)
+    settings = _config(tmp_path, max_turns=8).env_settings()
+    samples, trajectories = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, settings, range(12))
     # Lockstep play asks for every running episode's reply once a turn, in episode order.
     turns = sorted((turn for t in trajectories for turn in t.turns), key=lambda turn: turn.index)
     assert len(samples) == len(turns) > 12  # one label per reply the student made
     assert any(turn.action != turn.expert_action for turn in turns)  # the random student strays from the expert
     expert_reply = {}
-    for demo in expert_samples(tokenizer, LAKE, range(12), **manager_kwargs):
+    for demo in expert_samples(tokenizer, settings, range(12)):
         first = demo.completion_ids[: demo.turn_ids.count(0)]
         expert_reply[tuple(demo.prompt_ids)] = [t for t, m in zip(first, demo.env_mask) if m]
     for sample, turn in zip(samples, turns):
@@ -901,7 +903,7 @@ def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp
     rounds = []
     model = build_model(tokenizer, seed=0)
     warm = WarmStart(steps=3, episodes=4, dagger_rounds=2, dagger_episodes=4, dagger_steps=2)
-    losses = warm.run_on(model, tokenizer, [(LAKE, manager_kwargs)], seed=3, reply_tokens=8, on_round=lambda r, played: rounds.append((r, len(played))))
+    losses = warm.run_on(model, tokenizer, [settings.replace(max_reply_tokens=8)], seed=3, on_round=lambda r, played: rounds.append((r, len(played))))
     assert len(losses) == 3 + 2 * 2 and rounds == [(0, 4), (1, 4)]
     assert "then 2 DAgger rounds of 4 episodes played by the model and labelled by the expert, 2 steps each" in warm.describe()
     with pytest.raises(ValueError, match="dagger_episodes >= 1"):
@@ -913,15 +915,16 @@ def test_dagger_labels_every_state_the_student_visits_with_the_experts_reply(tmp
 
 
 def test_show_turns_reaches_the_manager_and_the_checkpoints_settings(tmp_path):
-    from envhub.prompts import PromptSettings, TrainedOn
+    from envhub.prompts import PromptSettings
+    from envhub.settings import TrainedOn
 
     config = _config(tmp_path, show_turns=False)
-    assert config.prompt_settings().show_turns is False and config.manager_kwargs()["show_turns"] is False
-    TrainedOn(prompt=config.prompt_settings(), env_id=LAKE).save(tmp_path)
-    assert TrainedOn.load(tmp_path).prompt.show_turns is False
+    assert config.prompt_settings().show_turns is False and config.env_settings().prompt.show_turns is False
+    TrainedOn({LAKE: config.env_settings()}).save(tmp_path)
+    assert TrainedOn.load(tmp_path).for_env(LAKE).prompt.show_turns is False
     # A checkpoint saved before the setting existed shows the count, as it was trained.
     (tmp_path / "envhub.json").write_text(json.dumps({"prompt_settings": {"history_turns": 2}, "env": {"id": LAKE}}))
-    assert TrainedOn.load(tmp_path).prompt.show_turns is True and PromptSettings().show_turns is True
+    assert TrainedOn.load(tmp_path).for_env(LAKE).prompt.show_turns is True and PromptSettings().show_turns is True
 
 
 def test_config_picks_the_cpu_and_fp32_when_it_says_nothing_of_the_device(tmp_path):
@@ -939,8 +942,9 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     import click
 
     from envhub.manager import group_seeds
-    from envhub.prompts import PromptSettings, TrainedOn
-    from envhub_trl import commands, plugin
+    from envhub.prompts import PromptSettings
+    from envhub.settings import TrainedOn
+    from envhub_trl import evaluation, plugin
     from envhub_trl.trainer import EnvGRPOTrainer
 
     path, tokenizer = tiny
@@ -950,13 +954,14 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
     )
     trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
     trainer.save_model(str(tmp_path / "final"))
-    trained = TrainedOn.load(tmp_path / "final")
+    trained = TrainedOn.load(tmp_path / "final").first
     assert trained.prompt == PromptSettings("Reach the goal.", "Be brief.", None, False, 900, 2, -0.2)  # None: each env its own format
     assert (trained.env_id, trained.env_kwargs, trained.max_turns) == (LAKE, {"view": "local"}, 5)
     assert trained.max_reply_tokens == config.max_turn_tokens == 8
+    assert trained == config.env_settings()
 
     seed = group_seeds(0, 0, 1)[0]
-    training = EnvGroupManager(LAKE, 1, 1, tokenizer=tokenizer, **config.manager_kwargs())
+    training = EnvGroupManager.from_settings(config.env_settings(), 1, 1, tokenizer=tokenizer)
     training.reset(seeds=[seed])
     expected = training.prompts()[0]
 
@@ -968,12 +973,12 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
             seen.append(prompts)
             return prompts
 
-    monkeypatch.setattr(commands, "EnvGroupManager", Recording)
+    monkeypatch.setattr(evaluation, "EnvGroupManager", Recording)
     cli = click.Group("envhub")
     plugin.register_commands(cli=cli)
     args = ["eval", LAKE, "--model", str(tmp_path / "final"), "--episodes", "1", "--no-references"]
     sampled = []
-    monkeypatch.setattr(commands, "rollout", lambda manager, generator, sampling, **kw: sampled.append(sampling) or rollout(manager, generator, sampling, **kw))
+    monkeypatch.setattr(evaluation, "rollout", lambda manager, generator, sampling, **kw: sampled.append(sampling) or rollout(manager, generator, sampling, **kw))
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     assert seen[0][0].token_ids == expected.token_ids
@@ -982,7 +987,7 @@ def test_eval_renders_exactly_the_first_prompt_training_rendered(tiny, tmp_path,
 
     assert load_model_player(str(tmp_path / "final"), LAKE).sampling.max_new_tokens == 8  # envhub run --policy PATH too
     assert load_model_player(str(tmp_path / "final"), LAKE).manager(LAKE).layout == trained.layout == "trajectory"
-    from envhub.prompts import SETTINGS_FILE
+    from envhub.settings import SETTINGS_FILE
 
     body = json.loads((tmp_path / "final" / SETTINGS_FILE).read_text())
     (tmp_path / "final" / SETTINGS_FILE).write_text(json.dumps({**body, "layout": "step"}))
@@ -1003,7 +1008,7 @@ def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
     """`envhub eval --model OUT/final` plays the run's held-out evaluation again: its seeds, its end
     after invalid replies in a row, its generator and prompts, so the figures are the run's."""
     from envhub.cli import cli
-    from envhub.prompts import TrainedOn
+    from envhub.settings import TrainedOn
 
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -1018,15 +1023,15 @@ def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
     assert held_out == {"seed_offset": 2_000_000_000, "episodes": 6, "max_invalid_streak": 2, "generator": "hf"}
     final = json.loads((out / "results.json").read_text())["evaluations"]["after RL"]["greedy"]
 
-    from envhub_trl import commands
+    from envhub_trl import evaluation
 
     played = []
-    monkeypatch.setattr(commands, "rollout", lambda manager, *a, seeds, **kw: played.append((seeds, manager.layout)) or rollout(manager, *a, seeds=seeds, **kw))
+    monkeypatch.setattr(evaluation, "rollout", lambda manager, *a, seeds, **kw: played.append((seeds, manager.layout)) or rollout(manager, *a, seeds=seeds, **kw))
     result = CliRunner().invoke(cli, ["eval", LAKE, "--model", str(out / "final"), "--json", "--no-references"])
     assert result.exit_code == 0, result.output
     assert "the run's held-out seeds: 6 from 2000000000" in result.stderr
     # the run's prompts: one turn a sample (a step-layout policy shown the whole episode lost 23 points)
-    assert TrainedOn.load(out / "final").layout == "step"
+    assert TrainedOn.load(out / "final").first.layout == "step"
     assert played == [(list(range(2_000_000_000, 2_000_000_006)), "step")]
     again = json.loads(result.stdout.strip().splitlines()[-1])
     assert again["episodes"] == 6
@@ -1037,12 +1042,13 @@ def test_eval_repeats_the_runs_final_held_out_figure(tmp_path, monkeypatch):
 
 
 def test_trained_on_keeps_the_held_out_evaluation_and_refuses_a_bad_one(tmp_path):
-    from envhub.prompts import SETTINGS_FILE, SettingsError, TrainedOn
+    from envhub.prompts import SettingsError
+    from envhub.settings import SETTINGS_FILE, EnvSettings, TrainedOn
 
     held_out = {"seed_offset": 7, "episodes": 3, "max_invalid_streak": None, "generator": "vllm"}
-    TrainedOn(env_id=LAKE, held_out=held_out, layout="step").save(tmp_path)
+    TrainedOn({LAKE: EnvSettings(LAKE, layout="step")}, held_out=held_out).save(tmp_path)
     assert TrainedOn.load(tmp_path).held_out == held_out
-    assert TrainedOn.load(tmp_path).layout == "step"
+    assert TrainedOn.load(tmp_path).first.layout == "step"
     body = json.loads((tmp_path / SETTINGS_FILE).read_text())
     (tmp_path / SETTINGS_FILE).write_text(json.dumps({**body, "held_out": {"seed_offset": 7}}))
     with pytest.raises(SettingsError, match="held_out must map exactly"):
@@ -1056,21 +1062,23 @@ def test_pass_at_k_counts_a_seed_solved_when_any_of_its_k_episodes_is():
     """evaluate_generator(members=k): k episodes per seed, all reset with it; pass_at_k is the share
     of seeds one of them solved, and the episode metrics cover every episode."""
     from envhub.generation import ExpertGenerator, RandomGenerator
+    from envhub.settings import EnvSettings
     from envhub_trl.evaluation import evaluate_generator
 
     seeds = list(range(40))
-    expert = evaluate_generator(ExpertGenerator(), None, LAKE, seeds, members=3, max_turns=8)
+    lake = EnvSettings(LAKE, max_turns=8)
+    expert = evaluate_generator(ExpertGenerator(), None, lake, seeds, members=3)
     assert expert["pass_at_k"] == expert["success_rate"] == 1.0  # the map expert wins every map
-    one = evaluate_generator(RandomGenerator(seed=0), None, LAKE, seeds, max_turns=8)
+    one = evaluate_generator(RandomGenerator(seed=0), None, lake, seeds)
     assert "pass_at_k" not in one
-    several = evaluate_generator(RandomGenerator(seed=0), None, LAKE, seeds, members=8, max_turns=8)
+    several = evaluate_generator(RandomGenerator(seed=0), None, lake, seeds, members=8)
     # pass@8 is at least the mean success, and a seed counts once however many members solve it.
     assert several["success_rate"] <= several["pass_at_k"] <= min(1.0, 8 * several["success_rate"])
     assert several["pass_at_k"] * len(seeds) == int(round(several["pass_at_k"] * len(seeds)))
 
 
 def test_choice_entropies_are_the_legal_first_tokens_renormalised_entropy():
-    from envhub_trl.trainer import choice_entropies
+    from envhub_trl.pipeline import choice_entropies
 
     torch.manual_seed(0)
     head = torch.nn.Linear(4, 6, bias=False)

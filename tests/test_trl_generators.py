@@ -549,7 +549,8 @@ def test_run_policy_model_path_plays_through_the_hook(tiny_path):
     # the model's conversation is the manager's: rendered and judged exactly as in training
     trajectory = manager.trajectories()[0]
     assert [m["role"] for m in trajectory.messages] == ["system"] + ["user", "assistant"] * record["turns"]
-    assert manager.fmt == get_format(player.prompt.action_format or "answer") and manager.max_prompt_tokens == player.prompt.max_prompt_tokens
+    prompt = player.settings.prompt
+    assert manager.fmt == get_format(prompt.action_format or "answer") and manager.max_prompt_tokens == prompt.max_prompt_tokens
     for step, turn in zip(record["transcript"][1:], trajectory.turns):
         assert step["info"]["action_is_valid"] == turn.action_is_valid
         if turn.action_is_valid:

@@ -71,7 +71,8 @@ def test_supervised_steps_follow_the_schedule_and_clip_the_gradient():
 def test_the_cli_flag_overrides_the_configs_schedule_and_refuses_unknown_ones():
     from click.testing import CliRunner
 
-    from envhub_trl.train_command import split_warm_start, train_command
+    from envhub_trl.commands import train_command
+    from envhub_trl.run import split_warm_start
 
     values = {"warm_start": {"steps": 5, "lr_schedule": "linear"}}
     assert split_warm_start(values, None, {"lr_schedule": "cosine"}).lr_schedule == "cosine" and "warm_start" not in values

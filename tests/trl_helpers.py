@@ -62,7 +62,7 @@ def spied_run(tiny, config):
     class Spy(EnvGRPOTrainer):
         def _generate_and_score_completions(self, inputs):
             output = super()._generate_and_score_completions(inputs)
-            batches.append({"output": output, "trajectories": list(self._manager.trajectories()), "seeds": list(self._batch_seeds)})
+            batches.append({"output": output, "trajectories": list(self._managers["main"][0].trajectories()), "seeds": list(self._batch_seeds)})
             return output
 
     trainer = Spy(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))

@@ -20,7 +20,6 @@ registrations stay JSON-ready):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from gymnasium import spaces
 from gymnasium.wrappers import TimeLimit
 
 from envhub.adapters.references import load_reference, resolve
-from envhub.core import DiscreteTextEnv, normalize_action
+from envhub.core import DiscreteTextEnv, normalize_action, stable_key
 from envhub.error import AdapterError
 
 ObservationToText = Callable[[gymnasium.Env, Any, bool], str]
@@ -54,7 +53,7 @@ def canonical_key(value: Any) -> str:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, np.ndarray):
-        digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()[:32]
+        digest = stable_key(np.ascontiguousarray(value).tobytes(), 32)
         return {"array": str(value.dtype), "shape": list(value.shape), "sha256": digest}
     if isinstance(value, np.generic):
         return value.item()

@@ -147,7 +147,10 @@ class FrozenLakeTextEnv(DiscreteTextEnv):
         # Where the player went, which slippery ice can make another direction than the one chosen.
         moved = {(0, -1): "Left", (1, 0): "Down", (0, 1): "Right", (-1, 0): "Up"}.get(step, "nowhere")
         self._look()
-        return self._draw(), float(reward), bool(terminated), {"moved": moved}
+        info: dict[str, Any] = {"moved": moved}
+        if moved != action:  # what envhub run shows after the move (envhub.core.OUTCOME_KEY)
+            info["outcome"] = "you did not move" if moved == "nowhere" else f"you slid: moved {moved}"
+        return self._draw(), float(reward), bool(terminated), info
 
     def state_key(self) -> str:
         """The grid as drawn: map and player position."""

@@ -150,7 +150,9 @@ class SokobanEnv(DiscreteTextEnv):
         solved = self.board.solved
         reward = step_reward(before, self.board.boxes_on_target, solved)
         self._grid = self.board.to_text(self.legend)
-        extra = {"moved_player": moved_player, "moved_box": moved_box, "boxes_on_target": self.board.boxes_on_target}
+        extra: dict[str, Any] = {"moved_player": moved_player, "moved_box": moved_box, "boxes_on_target": self.board.boxes_on_target}
+        if not moved_player:  # what envhub run shows after the move (envhub.core.OUTCOME_KEY)
+            extra["outcome"] = "blocked: you did not move"
         return self._draw(), reward, solved, extra
 
     def state_key(self) -> str:

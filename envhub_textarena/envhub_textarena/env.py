@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import enum
 import functools
-import hashlib
 import importlib
 import io
 import json
@@ -44,7 +43,7 @@ from envhub.adapters.opponents import opponent_factory, opponent_move
 from envhub.adapters.references import resolve
 from envhub.adapters import seats
 from envhub.adapters.seats import SeatLedger, SeatTrajectory, outcome_of
-from envhub.core import TextEnv, shorten
+from envhub.core import TextEnv, shorten, stable_key
 from envhub.error import AdapterError, InvalidAction, MissingDependency
 from envhub.generation import Policy
 from envhub_textarena.games import UNAVAILABLE
@@ -344,7 +343,7 @@ class TextArenaEnv(TextEnv):
         fields = {k: v for k, v in vars(self.game).items() if k not in _NOT_FIELDS}
         # A list, not a dict: its order is fixed, so there are no keys to sort (~0.5 us a step).
         content = [state.game_state, fields, bool(state.done), state.rewards]
-        digest = hashlib.sha256(_canonical_json(content).encode()).hexdigest()[:32]
+        digest = stable_key(_canonical_json(content), 32)
         to_move = "-" if state.done else str(state.current_player_id)
         return f"{to_move}:{digest}"
 

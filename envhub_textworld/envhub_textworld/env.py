@@ -15,11 +15,10 @@ generated and compiled on first use and cached on disk (:mod:`envhub_textworld.g
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any, ClassVar
 
-from envhub.core import TextEnv
+from envhub.core import TextEnv, stable_key
 from envhub.error import AdapterError, MissingDependency
 from envhub_textworld.generator import INSTALL, game_file
 
@@ -127,7 +126,7 @@ class TextWorldEnv(TextEnv):
     def state_key(self) -> str:
         """The game seed and a digest of the world's logical facts."""
         facts = sorted(str(fact) for fact in (self._state.facts or [])) if self._state is not None else []
-        digest = hashlib.sha256("\n".join(facts).encode()).hexdigest()[:32]
+        digest = stable_key("\n".join(facts), 32)
         return f"{self.game_seed}:{digest}"
 
     def is_success(self) -> bool:

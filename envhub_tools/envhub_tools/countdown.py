@@ -10,11 +10,10 @@ one ``calculate`` call and then submits.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from typing import Any
 
-from envhub.core import ToolEnv
+from envhub.core import ToolEnv, stable_key
 from envhub.tools import ToolError, ToolResult, tool
 
 from envhub_tools.arithmetic import MAX_LENGTH, ExpressionError, evaluate, format_value
@@ -135,7 +134,7 @@ class CountdownEnv(ToolEnv):
         return f"Numbers: {', '.join(map(str, self.numbers))}\nTarget: {self.target}", {}
 
     def state_key(self) -> str:
-        calculated = hashlib.sha256("\n".join(sorted(self.calculated)).encode()).hexdigest()[:12] if self.calculated else "-"
+        calculated = stable_key("\n".join(sorted(self.calculated)), 12) if self.calculated else "-"
         done = "" if self.submitted is None else f"|submitted={int(self.correct)}"
         return f"{','.join(map(str, self.numbers))}->{self.target}|calc={calculated}{done}"
 

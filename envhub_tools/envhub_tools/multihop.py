@@ -13,10 +13,9 @@ entity whose document it has not yet seen, and submits once it has seen them all
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from envhub.core import ToolEnv
+from envhub.core import ToolEnv, stable_key
 from envhub.tools import ToolResult, tool
 
 from envhub_tools.bm25 import BM25Index
@@ -109,9 +108,9 @@ class MultiHopQAEnv(ToolEnv):
 
     def state_key(self) -> str:
         question = self.question.text if self.question else ""
-        digest = hashlib.sha256(question.encode()).hexdigest()[:16]
+        digest = stable_key(question, 16)
         seen = ",".join(str(i) for i in sorted(self.seen))
-        done = "" if self.submitted is None else "|submitted=" + hashlib.sha256(self.submitted.encode()).hexdigest()[:8]
+        done = "" if self.submitted is None else "|submitted=" + stable_key(self.submitted, 8)
         return f"q={digest}|seen={seen}{done}"
 
     def is_success(self) -> bool:

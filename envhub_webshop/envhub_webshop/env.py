@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
-from envhub.core import TextEnv
+from envhub.core import TextEnv, stable_key
 from envhub.error import InvalidAction
 from envhub_webshop.catalog import SMALL
 from envhub_webshop.errors import UnknownGoal
@@ -196,7 +195,7 @@ class WebShopEnv(TextEnv):
         keywords = state.get("keywords")
         if isinstance(keywords, list) and sum(len(k) for k in keywords) > STATE_KEY_QUERY_CHARS:
             # A long query stands in the key as its digest: same query, same key, bounded size.
-            digest = hashlib.sha256("\x00".join(keywords).encode("utf-8", "surrogatepass")).hexdigest()
+            digest = stable_key("\x00".join(keywords))
             state["keywords"] = [f"sha256:{digest}"]
         return json.dumps(state, sort_keys=True, separators=(",", ":"))
 

@@ -38,7 +38,7 @@ def main(model_path: str, out: str, layout: str, estimator: str = "gigpo") -> No
             seen["episodes"] = [
                 {"seed": t.seed, "rewards": [turn.reward for turn in t.turns], "state_keys": [turn.state_key for turn in t.turns],
                  "lengths": [len(turn.completion_ids) for turn in t.turns]}
-                for t in self._manager.trajectories()
+                for t in self._managers["main"][0].trajectories()
             ]
             return output
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from envhub_trl import pipeline
 from envhub_trl.callbacks import StopAsync
 from envhub_trl.generators import capabilities_of
 from envhub_trl.lora import is_peft_model, merged_weights
+
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
 
 
 def truncated_importance_weights(
@@ -178,7 +181,7 @@ class _Snapshot:
         return self._state
 
 
-def start_producer(trainer: Any, model: Any, rows: int, group_size: int) -> AsyncRollouts:
+def start_producer(trainer: EnvGRPOTrainer, model: Any, rows: int, group_size: int) -> AsyncRollouts:
     """The producer of an :class:`~envhub_trl.trainer.EnvGRPOTrainer`: its own generator (HF: a
     copy of ``model``; vLLM: the engine, which only it touches while training runs) and its own
     manager; batch ``b``'s groups are seeded from ``(seed, b)``, the same on every process, each
@@ -209,14 +212,14 @@ def start_producer(trainer: Any, model: Any, rows: int, group_size: int) -> Asyn
     def play(batch: int) -> tuple[list[Trajectory], RolloutStats]:
         rng = np.random.default_rng([args.seed, 0xA5, batch])
         seeds = np.repeat(rng.integers(0, args.num_train_seeds, groups), group_size)[offset : offset + rows].tolist()
-        manager, reset_seeds = trainer._manager_for(seeds, group_size, owner="async")
-        with trainer._generator_lock:
-            return pipeline.play(manager, generator, trainer._sampling(batch), seeds=reset_seeds, mode="continuous")
+        manager, reset_seeds = trainer.manager_for(seeds, group_size, owner="async")
+        with trainer.generator_lock:
+            return pipeline.play(manager, generator, trainer.training_sampling(batch), seeds=reset_seeds, mode="continuous")
 
     def load_locked(snapshot: Any) -> None:
-        with trainer._generator_lock:
+        with trainer.generator_lock:
             load(snapshot)
 
     trainer.add_callback(StopAsync(trainer))
     # A resumed run's producer goes on from the batch the checkpoint had reached (run_state).
-    return AsyncRollouts(play, load_locked, args.max_staleness, first_batch=trainer._async_batches)
+    return AsyncRollouts(play, load_locked, args.max_staleness, first_batch=trainer.async_batches)

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import TrainerCallback
 
 from envhub_trl.critic import ValueHead
 
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
+
 
 class StopAsync(TrainerCallback):
     """Stops the async producer when training ends (it would otherwise play one batch too many)."""
 
-    def __init__(self, trainer: Any):
+    def __init__(self, trainer: EnvGRPOTrainer):
         self.trainer = trainer
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.trainer._async is not None:
-            self.trainer._async.close()
-            self.trainer._async = None
+        self.trainer.stop_async()
 
 
 class ZeroCriticGradients(TrainerCallback):

@@ -51,104 +51,26 @@ TRL's own fields:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from trl import GRPOConfig
 
+from envhub.bounds import check_bounds
+from envhub.prompts import PromptSettings
+from envhub.settings import EnvSettings, TrainedOn
+from envhub_trl.config_checks import (  # noqa: F401  (FIELD_BOUNDS is read from here too)
+    FIELD_BOUNDS,
+    PROMPT_DEFAULTS,
+    check_completion_length,
+    check_rules,
+    pick_device_defaults,
+    resolve_aliases,
+    set_generation_batch,
+)
 from envhub_trl.curriculum import Curriculum
-from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, STEP_ANCHORS, EstimatorSettings
-from envhub_trl.generators import BACKENDS
-from envhub_trl.inherited import check_inherited
-from envhub_trl.mix import EnvEntry, parse_envs
-
-from envhub.executors import EXECUTORS
-from envhub.bounds import AT_LEAST_ONE, NON_NEGATIVE, Bounds, check_bounds
-from envhub.prompts import PROMPT_BOUNDS, PromptSettings, TrainedOn
-
-NORMS = ("mean", "mean_std", "relative")
-ROLLOUT_MODES = ("lockstep", "continuous", "async")
-#: Sample layouts: one row per episode (environment tokens masked out), or one row per turn.
-LAYOUTS = ("trajectory", "step")
-RATIO_TYPES = ("token", "segment")
-#: The prompt settings' defaults, which the flat prompt fields below take (declared once, in PromptSettings).
-PROMPT_DEFAULTS = PromptSettings()
-
-POSITIVE = Bounds(low=0, low_open=True)
-UNIT = Bounds(low=0, high=1)
-
-#: Every numeric field of :class:`EnvGRPOConfig`, its own and the TRL/transformers fields a run
-#: reads, with the values it accepts: checked once, in ``__post_init__``, before anything loads
-#: (:mod:`envhub.bounds`). The prompt settings' bounds are :class:`~envhub.prompts.PromptSettings`'
-#: own (:data:`~envhub.prompts.PROMPT_BOUNDS`), declared there once.
-FIELD_BOUNDS: dict[str, Bounds] = {
-    **PROMPT_BOUNDS,
-    # Environment
-    "max_turns": AT_LEAST_ONE,
-    "num_train_seeds": AT_LEAST_ONE,
-    # Batches (group_size is num_generations after the alias is resolved; GRPO compares members of a group)
-    "groups_per_step": AT_LEAST_ONE,
-    "group_size": Bounds(low=2),
-    "per_device_train_batch_size": AT_LEAST_ONE,
-    "gradient_accumulation_steps": AT_LEAST_ONE,
-    "generation_batch_size": AT_LEAST_ONE,
-    "steps_per_generation": AT_LEAST_ONE,
-    # Generation
-    "max_turn_tokens": AT_LEAST_ONE,
-    "max_completion_length": AT_LEAST_ONE,
-    "temperature": POSITIVE,
-    "top_p": Bounds(low=0, high=1, low_open=True),
-    "top_k": NON_NEGATIVE,
-    "min_p": UNIT,
-    "repetition_penalty": POSITIVE,
-    # Rollouts
-    "max_staleness": NON_NEGATIVE,
-    "importance_sampling_cap": Bounds(low=1),
-    "env_workers": AT_LEAST_ONE,
-    "env_step_timeout": POSITIVE,
-    # Advantages and losses
-    "episode_reward_weight": NON_NEGATIVE,
-    "step_reward_weight": NON_NEGATIVE,
-    "step_reward_gamma": UNIT,
-    "kl_coef": NON_NEGATIVE,
-    "action_entropy_coef": NON_NEGATIVE,
-    "gamma": UNIT,
-    "lam": UNIT,
-    "vf_coef": NON_NEGATIVE,
-    "cliprange_value": POSITIVE,
-    "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
-    "max_env_error_rate": UNIT,
-    "beta": NON_NEGATIVE,
-    "epsilon": NON_NEGATIVE,
-    "epsilon_high": NON_NEGATIVE,
-    "num_iterations": AT_LEAST_ONE,
-    # Optimisation and schedule
-    "learning_rate": NON_NEGATIVE,
-    "weight_decay": NON_NEGATIVE,
-    "max_grad_norm": NON_NEGATIVE,
-    "warmup_steps": NON_NEGATIVE,
-    "num_train_epochs": POSITIVE,
-    "max_steps": Bounds(low=1, also=(-1,), meaning="train for num_train_epochs instead"),
-    "logging_steps": POSITIVE,
-    "save_steps": POSITIVE,
-    "eval_steps": POSITIVE,
-    # Evaluation and seeds
-    "eval_episodes": AT_LEAST_ONE,
-    "eval_seed_offset": NON_NEGATIVE,
-    "eval_max_invalid_streak": AT_LEAST_ONE,
-    "eval_pass_k": Bounds(low=2),
-    "validation_steps": AT_LEAST_ONE,
-    "validation_episodes": AT_LEAST_ONE,
-    "validation_seed_offset": NON_NEGATIVE,
-    "seed": NON_NEGATIVE,
-}
-
-
-def _served(generator: str) -> bool:
-    """Whether the generator backend plays on a server at ``vllm_server_url``."""
-    found = BACKENDS.get(generator)
-    return found is not None and found.needs_server_url
+from envhub_trl.estimators import EstimatorSettings
+from envhub_trl.mix import EnvEntry
 
 
 @dataclass
@@ -412,54 +334,33 @@ class EnvGRPOConfig(GRPOConfig):
         (one entry without ``envs``)."""
         return list(self._entries)
 
-    def manager_kwargs_for(self, entry: EnvEntry) -> dict[str, Any]:
-        """The single-env :class:`~envhub.manager.EnvGroupManager` keyword arguments of one env
-        of the run (held-out evaluation, the warm start, reference policies)."""
-        return {
-            **self.prompt_settings().replace(**entry.prompt).manager_kwargs(),
-            "max_turns": entry.max_turns if entry.max_turns is not None else self.max_turns,
-            "env_kwargs": dict(entry.env_kwargs),
-            "layout": self.sample_layout,
-        }
-
-    def eval_manager_kwargs_for(self, entry: EnvEntry, *, model: bool = True) -> dict[str, Any]:
-        """:meth:`manager_kwargs_for` for held-out evaluation: the model's episodes (``model``)
-        end after ``eval_max_invalid_streak`` invalid replies in a row; a reference policy's do not."""
-        return {**self.manager_kwargs_for(entry), "max_invalid_streak": self.eval_max_invalid_streak if model else None}
-
-    def mix_manager_kwargs(self, entries: list[EnvEntry]) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a manager whose
-        partition holds ``entries``' env ids (training batches): the run's settings, with each
-        env's own as ``env_kwargs`` and ``per_env``."""
-        return {
-            **self.prompt_settings().manager_kwargs(),
-            "max_turns": self.max_turns,
-            "env_kwargs": {e.env_id: e.env_kwargs for e in entries},
-            "per_env": {e.env_id: e.per_env() for e in entries},
-            "layout": self.sample_layout,
-        }
+    def env_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
+        """How training plays one env of the run (default: the first), as one value: its env
+        kwargs, its turn limit (else the run's), the run's layout and reply budget, and the run's
+        prompt settings with the env's own overrides. Held-out evaluation adds its invalid streak
+        (``eval_max_invalid_streak``) to the model's episodes; training plays every turn."""
+        entry = entry if entry is not None else self._entries[0]
+        return EnvSettings(
+            entry.env_id,
+            env_kwargs=dict(entry.env_kwargs),
+            max_turns=entry.max_turns if entry.max_turns is not None else self.max_turns,
+            layout=self.sample_layout,
+            prompt=self.prompt_settings().replace(**entry.prompt),
+            max_reply_tokens=self.max_turn_tokens,
+        )
 
     def curriculum_schedule(self) -> Curriculum | None:
         """The parsed ``curriculum`` (None without one)."""
         return None if self.curriculum is None else Curriculum.from_mapping(self.curriculum, [e.env_id for e in self._entries])
 
     def trained_on(self) -> TrainedOn:
-        """The prompt settings and the environment(s) of this run, as a checkpoint records them."""
-        first = self._entries[0]
-        envs = {}
-        if self.envs is not None:
-            envs = {
-                e.env_id: {"kwargs": dict(e.env_kwargs), "max_turns": self.manager_kwargs_for(e)["max_turns"], "prompt": dict(e.prompt)}
-                for e in self._entries
-            }
+        """Each env's settings and the held-out evaluation of this run, as a checkpoint records them."""
         return TrainedOn(
-            self.prompt_settings().replace(**first.prompt), first.env_id, dict(first.env_kwargs), self.manager_kwargs_for(first)["max_turns"], envs,
-            max_reply_tokens=self.max_turn_tokens,
+            {e.env_id: self.env_settings(e) for e in self._entries},
             held_out={
                 "seed_offset": self.eval_seed_offset, "episodes": self.eval_episodes,
                 "max_invalid_streak": self.eval_max_invalid_streak, "generator": self.generator,
             },
-            layout=self.sample_layout,
         )
 
     def estimator_settings(self) -> EstimatorSettings:
@@ -476,11 +377,6 @@ class EnvGRPOConfig(GRPOConfig):
             lam=self.lam,
         )
 
-    def manager_kwargs(self) -> dict[str, Any]:
-        """The :class:`~envhub.manager.EnvGroupManager` keyword arguments of a single-env run
-        (``env_id``'s; :meth:`manager_kwargs_for` gives any env of a mix)."""
-        return self.manager_kwargs_for(self._entries[0])
-
     def check_envs(self) -> None:
         """Make (and close) each env of the run with its ``env_kwargs`` and turn limit, so that a
         setting the env refuses stops the run before a model loads, naming the setting; otherwise
@@ -489,136 +385,22 @@ class EnvGRPOConfig(GRPOConfig):
         Raises:
             ValueError: naming the env, its ``env_kwargs`` and the env's own reason.
         """
-        from envhub.registration import make
-
         for entry in self._entries:
-            settings = self.manager_kwargs_for(entry)
+            settings = self.env_settings(entry)
             try:
-                make(entry.env_id, max_turns=settings["max_turns"], **settings["env_kwargs"]).close()
+                settings.make().close()
             except (TypeError, ValueError) as exc:
-                given = ", ".join(f"{key}={value!r}" for key, value in settings["env_kwargs"].items()) or "none"
+                given = ", ".join(f"{key}={value!r}" for key, value in settings.env_kwargs.items()) or "none"
                 raise ValueError(f"{entry.env_id} refuses its env_kwargs ({given}): {exc}") from exc
 
-    def _pick_device_defaults(self) -> None:
-        """CPU or accelerator, and bf16 or fp32, from the machine when the config leaves them unset.
-
-        Without this, TRL's default ``bf16=True`` stops a CPU-only machine with "Your setup doesn't
-        support bf16/gpu"; bf16 autocast on a CPU would also be slower than fp32 for small models.
-        """
-        import torch
-
-        accelerator = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-        accelerator = accelerator or torch.backends.mps.is_available()
-        if not accelerator:
-            self.use_cpu = True
-        if self.bf16 is None and not self.fp16:
-            self.bf16 = bool(not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-    def _parse_envs(self) -> None:
-        """Check ``env_id``/``envs`` and set ``_entries`` (and ``groups_per_step`` for a mix)."""
-        if self.envs is None:
-            self.env_id = self.env_id or "frozenlake/FrozenLake-v0"
-            groups = self.groups_per_step or 0
-            self._entries = [EnvEntry(self.env_id, groups, dict(self.env_kwargs or {}), None, {})]
-            return
-        if self.env_kwargs:
-            raise ValueError("env_kwargs is for a single env_id; with envs, give each env its env_kwargs")
-        self._entries, self.groups_per_step = parse_envs(self.envs, self.groups_per_step)
-        if self.env_id is not None and self.env_id not in self.envs:
-            raise ValueError(f"set env_id or envs, not both (env_id {self.env_id!r} is not one of envs)")
-        self.env_id = self._entries[0].env_id
-
-    def _apply_prompt(self) -> None:
-        """Copy the ``prompt`` mapping onto the flat prompt fields (its aliases), refusing a key
-        that is not a prompt setting and a setting given both ways with two values."""
-        names = [f.name for f in dataclasses.fields(PromptSettings)]
-        unknown = sorted(set(self.prompt) - set(names))
-        if unknown:
-            raise ValueError(f"prompt: unknown prompt settings {unknown}; known: {names}")
-        for name, value in self.prompt.items():
-            flat = getattr(self, name)
-            if flat != getattr(PROMPT_DEFAULTS, name) and flat != value:
-                raise ValueError(f"{name} is set twice, {flat!r} as a field and {value!r} under prompt; set one of them")
-            setattr(self, name, value)
-
     def __post_init__(self) -> None:
-        self._parse_envs()
-        if self.prompt is not None:
-            self._apply_prompt()
-        if self.group_size is not None:
-            self.num_generations = self.group_size
-        self.group_size = self.num_generations
-        if self.advantage_estimator not in ESTIMATORS:
-            raise ValueError(f"advantage_estimator must be one of {sorted(ESTIMATORS)}, got {self.advantage_estimator!r}")
-        for alias, name in (
-            ("step_advantage_weight", "step_reward_weight"), ("step_gamma", "step_reward_gamma"), ("async_generation_ratio", "max_staleness")
-        ):
-            value = getattr(self, alias)
-            if value is not None:
-                if getattr(self, name) != EnvGRPOConfig.__dataclass_fields__[name].default and getattr(self, name) != value:
-                    raise ValueError(f"{alias} is an alias of {name}; set one of them, not both ({value} and {getattr(self, name)})")
-                setattr(self, name, value)
-            setattr(self, alias, getattr(self, name))
+        # The rules live in envhub_trl.config_checks; they run in this order, so that the first
+        # error a user meets is the same whatever else is wrong.
+        self._entries = resolve_aliases(self)
         check_bounds(self, FIELD_BOUNDS)  # before any value is used: one rule per field, in FIELD_BOUNDS
         self.prompt_settings()  # the prompt settings' other rules (PromptSettings checks them)
-        if self.rollout_mode not in ROLLOUT_MODES:
-            raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {self.rollout_mode!r}")
-        if self.rollout_mode == "async" and (_served(self.generator) or self.curriculum is not None):
-            raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
-        if self.ratio_type not in RATIO_TYPES:
-            raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {self.ratio_type!r}")
-        if self.ratio_type == "segment" and (self.importance_sampling_level != "token" or self.use_liger_kernel):
-            raise ValueError(
-                "ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off"
-            )
-        if self.advantage_norm not in NORMS:
-            raise ValueError(f"advantage_norm must be one of {NORMS}, got {self.advantage_norm!r}")
-        if self.step_anchor not in STEP_ANCHORS:
-            raise ValueError(f"step_anchor must be one of {STEP_ANCHORS}, got {self.step_anchor!r}")
-        if self.advantage_norm_scope is not None and self.advantage_norm_scope not in NORM_SCOPES:
-            raise ValueError(f"advantage_norm_scope must be one of {NORM_SCOPES} (or unset), got {self.advantage_norm_scope!r}")
-        check_inherited(self)  # a TRL field envhub would ignore is refused; scale_rewards maps onto advantage_norm
-        self.curriculum_schedule()  # a bad curriculum fails here, naming its field
-        if self.env_executor not in EXECUTORS:
-            raise ValueError(f"env_executor must be one of {', '.join(EXECUTORS)}; got {self.env_executor!r}")
-        if self.generator not in BACKENDS:
-            raise ValueError(f"generator must be one of {tuple(sorted(BACKENDS))} (the registered backends), got {self.generator!r}")
-        if self.sample_layout not in LAYOUTS:
-            raise ValueError(f"sample_layout must be one of {LAYOUTS}, got {self.sample_layout!r}")
-        if _served(self.generator) != (self.vllm_server_url is not None):
-            raise ValueError(
-                "generator='vllm-server' needs vllm_server_url (and vllm_server_url needs generator='vllm-server'); "
-                f"got generator={self.generator!r}, vllm_server_url={self.vllm_server_url!r}"
-            )
-        if self.eval_seed_offset < self.num_train_seeds:
-            raise ValueError(
-                f"eval_seed_offset ({self.eval_seed_offset}) overlaps the training seeds 0..{self.num_train_seeds - 1}; "
-                "raise eval_seed_offset or lower num_train_seeds"
-            )
-        if self.keep_best_on_validation:
-            validation = range(self.validation_seed_offset, self.validation_seed_offset + self.validation_episodes)
-            held_out = range(self.eval_seed_offset, self.eval_seed_offset + self.eval_episodes)
-            if validation.start < self.num_train_seeds or (validation.start < held_out.stop and held_out.start < validation.stop):
-                raise ValueError(
-                    f"validation seeds {validation.start}..{validation.stop - 1} overlap the training seeds 0..{self.num_train_seeds - 1} "
-                    f"or the held-out seeds {held_out.start}..{held_out.stop - 1}; move validation_seed_offset"
-                )
-        if self.use_vllm:
-            raise ValueError("use_vllm is TRL's own single-turn generator; set generator='vllm' for multi-turn rollouts instead")
-        if self.groups_per_step is not None:
-            if self.generation_batch_size is not None or self.steps_per_generation is not None:
-                raise ValueError("set groups_per_step or generation_batch_size/steps_per_generation, not both")
-            batch = self.groups_per_step * self.num_generations
-            if batch % self.per_device_train_batch_size:
-                raise ValueError(
-                    f"groups_per_step x group_size = {batch} episodes is not divisible by per_device_train_batch_size="
-                    f"{self.per_device_train_batch_size}; pick a per_device_train_batch_size that divides {batch}"
-                )
-            self.generation_batch_size = batch
-        self._pick_device_defaults()
+        check_rules(self)
+        set_generation_batch(self)
+        pick_device_defaults(self)
         super().__post_init__()
-        if self.max_completion_length is not None and self.max_completion_length < self.max_turn_tokens:
-            raise ValueError(
-                f"max_completion_length ({self.max_completion_length}) is below max_turn_tokens ({self.max_turn_tokens}); "
-                "raise max_completion_length (it bounds a whole episode's completion tokens)"
-            )
+        check_completion_length(self)

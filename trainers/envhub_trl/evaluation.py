@@ -11,6 +11,7 @@ from typing import IO, Any
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import batch_metrics, rollout
+from envhub.settings import EnvSettings
 
 
 #: Seconds between two progress lines where stderr is a file or a pipe.
@@ -77,12 +78,11 @@ def finished_counter(bar: Any) -> Callable[[EnvGroupManager], None]:
 def evaluate_generator(
     generator: Generator,
     tokenizer: Any,
-    env_id: str,
+    settings: EnvSettings,
     seeds: Sequence[int],
     sampling: SamplingParams | None = None,
     label: str | None = None,
     members: int = 1,
-    **manager_kwargs: Any,
 ) -> dict[str, float]:
     """Play one episode per seed of ``seeds`` (``members`` per seed) and return
     :func:`envhub.rollout.batch_metrics`; with ``members`` > 1 also ``pass_at_k``, the share of
@@ -91,15 +91,14 @@ def evaluate_generator(
     Args:
         generator: samples the replies (greedily).
         tokenizer: the model's tokenizer.
-        env_id: the environment.
+        settings: the environment and how it is played (``EnvGRPOConfig.env_settings()`` gives a
+            training run's).
         seeds: one episode per seed.
         sampling: how replies are sampled; None plays greedily with replies of up to 64 tokens.
         label: show a progress bar with this label on stderr (None: none).
         members: episodes per seed, all reset with that seed (sampled apart by ``sampling``).
-        **manager_kwargs: rendering and episode settings for :class:`~envhub.manager.EnvGroupManager`
-            (``EnvGRPOConfig.manager_kwargs()`` gives a training run's).
     """
-    manager = EnvGroupManager(env_id, len(seeds), members, tokenizer=tokenizer, **manager_kwargs)
+    manager = EnvGroupManager.from_settings(settings, len(seeds), members, tokenizer=tokenizer)
     bar = progress_bar(label, len(seeds) * members) if label else contextlib.nullcontext()
     with manager, bar as shown:
         on_turn = finished_counter(shown) if label else None
@@ -116,3 +115,41 @@ def evaluate_generator(
 def held_out_seeds(offset: int, count: int) -> list[int]:
     """The held-out evaluation seeds ``offset .. offset + count - 1`` (training seeds lie below ``offset``)."""
     return list(range(offset, offset + count))
+
+
+def reference_figures(
+    settings: EnvSettings,
+    seeds: Sequence[int],
+    *,
+    seed: int,
+    tokenizer: Any | None = None,
+    play: Callable[[Generator], float] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[dict[str, float], Any]:
+    """The reference policies on ``seeds`` (the scale of a results table, see
+    :func:`envhub.baselines.reference_policies`) and the open-loop search behind one of them (None
+    where the env has no finite action list), for ``envhub train`` and ``envhub eval`` alike.
+
+    Args:
+        settings: the environment as the evaluation played it.
+        seeds: the evaluation's seeds.
+        seed: seeds the random policy.
+        tokenizer: for a ``play`` whose manager has one.
+        play: a model-free generator's success rate on ``seeds`` (a trainer's evaluation, under
+            the training prompt settings); None: :func:`envhub.baselines.policy_success_rate`.
+        say: given a line on how long the open-loop search took (None: silent).
+    """
+    from envhub.baselines import best_open_loop, reference_policies
+    from envhub.error import PolicyError
+
+    searched = time.perf_counter()
+    try:
+        open_loop = best_open_loop(settings.env_id, seeds, settings.max_turns, settings.env_kwargs)
+    except PolicyError:
+        open_loop = None
+    else:
+        if say is not None:
+            how = "exhaustive" if open_loop.exhaustive else f"beam of {open_loop.beam_width}"
+            say(f"open-loop search: {open_loop.joint_states} joint states ({how}) in {time.perf_counter() - searched:.1f}s")
+    references = reference_policies(settings, seeds, seed=seed, tokenizer=tokenizer, open_loop=open_loop, play=play)
+    return references, open_loop

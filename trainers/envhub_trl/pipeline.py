@@ -33,6 +33,7 @@ import torch
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import RolloutStats, rollout
+from envhub.settings import LAYOUTS
 from envhub.trajectory import Sample, Trajectory, batch_columns
 from envhub_trl.advantages import select_groups
 from envhub_trl.critic import turn_starts, value_positions
@@ -52,8 +53,6 @@ from envhub_trl.rollout_batch import (
 
 #: ``collect(local_list) -> the concatenation of every process's lists`` (one process: the identity).
 Collect = Callable[[list[Any]], list[Any]]
-#: The sample layouts: one row per episode, or one per turn.
-LAYOUTS = ("trajectory", "step")
 
 
 def _alone(values: list[Any]) -> list[Any]:
@@ -395,3 +394,20 @@ def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, floa
         played = ~batch.aside
         out.update(rollout_metrics(batch.played, batch.estimate["keep"][played], batch.estimate.get("anchor_size"), per_env=per_env))
     return out
+
+
+def choice_entropies(head: Any, hidden: torch.Tensor, inputs: dict[str, Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entropy of each choice point's distribution over its legal first tokens
+    (:func:`choice_points`), renormalised: the output layer ``head`` applied to
+    the final hidden states ``(rows, length, size)`` at the points alone, for those tokens alone.
+    Returns ``(entropies, points)``, each ``(rows, k)``; ``points`` marks the real choice points."""
+    positions, tokens, mask = inputs["choice_positions"], inputs["choice_tokens"], inputs["choice_mask"]
+    states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (rows, k, size)
+    logits = torch.einsum("rkh,rkmh->rkm", states, head.weight[tokens].to(states.dtype))
+    if getattr(head, "bias", None) is not None:
+        logits = logits + head.bias[tokens]
+    logits = (logits.float() / temperature).masked_fill(mask == 0, float("-inf"))
+    points = mask.sum(-1) > 0
+    logp = torch.log_softmax(logits.masked_fill(~points.unsqueeze(-1), 0.0), -1)
+    entropy = -(logp.exp() * logp.masked_fill(mask == 0, 0.0)).sum(-1)
+    return entropy, points

@@ -10,8 +10,7 @@ from envhub import hookimpl
 @hookimpl
 def register_commands(cli: Any) -> None:
     """Add ``envhub train``, ``envhub eval`` and ``envhub export-sft``."""
-    from envhub_trl.commands import eval_command, export_sft_command
-    from envhub_trl.train_command import train_command
+    from envhub_trl.commands import eval_command, export_sft_command, train_command
 
     cli.add_command(train_command)
     cli.add_command(eval_command)

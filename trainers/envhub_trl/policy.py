@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from envhub.generation import SamplingParams
 from envhub.play import Player
-from envhub.prompts import TrainedOn
+from envhub.settings import TrainedOn
 
 
 def load_model_player(name: str, env_id: str | None = None, seed: int | None = None) -> Player:
@@ -15,13 +15,13 @@ def load_model_player(name: str, env_id: str | None = None, seed: int | None = N
     It plays through the same manager as training and ``envhub eval``, so its prompts are rendered
     and its replies judged exactly as they were in training.
     """
-    from envhub_trl.generators import make_generator
+    from envhub_trl.generators import load_generator
     from envhub_trl.models import resolve_model
 
     env_ids = [env_id] if env_id else None
     path = resolve_model(name, env_ids, seed or 0)
     trained = TrainedOn.load(path) or TrainedOn()
-    prompt, env_kwargs, max_turns = trained.for_env(env_id) if env_id else (trained.prompt, {}, None)
-    generator = make_generator("hf", path, env_ids=env_ids, seed=seed or 0)
-    sampling = SamplingParams(max_new_tokens=trained.max_reply_tokens or SamplingParams.max_new_tokens, temperature=0.0, seed=seed)
-    return Player(generator, generator.tokenizer, sampling, prompt, env_kwargs, max_turns, layout=trained.layout)
+    settings = trained.for_env(env_id or "")  # without an env: the run's prompts, layout and reply budget
+    generator = load_generator("hf", path)
+    sampling = SamplingParams(max_new_tokens=settings.max_reply_tokens or SamplingParams.max_new_tokens, temperature=0.0, seed=seed)
+    return Player(generator, generator.tokenizer, sampling, settings)

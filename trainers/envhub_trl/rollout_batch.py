@@ -1,10 +1,13 @@
-"""Rollouts as TRL batches: what ``rollout_func`` returns, and the per-token advantages of a batch.
+"""The parts of :mod:`envhub_trl.pipeline`'s stages that work on one episode or one token: which
+episodes the screen stage sets aside (failed envs, non-finite rewards), and how the estimate and
+spread stages turn per-turn advantages into per-token ones.
 
 TRL's ``GRPOTrainer`` takes one sample per row. In the trajectory layout a row is one episode: the
 first prompt, then every reply and the environment's tokens between them (``env_mask`` 0 on the
 latter, so they stay out of the loss); in the step layout a row is one turn. Advantages are
 computed per turn by the estimators of :mod:`envhub_trl.estimators` and spread over each turn's
-tokens.
+tokens. What TRL itself reads (the reward function, the per-turn ratio's segment mean) is in
+:mod:`envhub_trl.trl_bridge`.
 """
 
 from __future__ import annotations
@@ -12,14 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
-import torch
 
 from envhub.error import EnvhubError, NonFiniteReward
 from envhub.trajectory import Sample, Trajectory, Turn
-from envhub_trl.advantages import select_groups
 from envhub_trl.estimators import EstimatorSettings, TurnBatch, estimate
 
 #: What training does with an episode that has a NaN or infinite reward (``nonfinite_rewards``):
@@ -97,36 +97,25 @@ def describe_aside(episodes: Sequence[Trajectory], aside: np.ndarray) -> str | N
     return f"{int(aside.sum())} of {len(episodes)} episodes of the batch were left out of training, e.g. {first.env_id} (seed {first.seed}): {why}"
 
 
-def episode_return(
-    prompts: list[Any], completions: list[Any], episode_return: list[float | None], **kwargs: Any
-) -> list[float | None]:
-    """TRL reward function: the episode's return, as the rollout recorded it (None on padding rows,
-    which TRL then leaves out of its reward statistics)."""
-    return [None if value is None else float(value) for value in episode_return]
-
-
 def turn_advantages(
     batch: TurnBatch,
     estimator: str,
     settings: EstimatorSettings | None = None,
     *,
-    drop_tied: bool = False,
-    keep_fraction: float = 1.0,
     keep: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Each turn's (or model token's) advantage under the registered ``estimator``
-    (:mod:`envhub_trl.estimators`), and which episodes the group filter keeps.
+    (:mod:`envhub_trl.estimators`), zero on the episodes the group filter dropped.
 
-    ``keep`` is the group filter's verdict per episode when the caller already has it
-    (:func:`~envhub_trl.advantages.select_groups` with ``drop_tied`` and ``keep_fraction``);
-    otherwise it is computed here.
+    ``keep`` is the group filter's verdict per episode (:func:`~envhub_trl.advantages.select_groups`,
+    which the pipeline's screen stage applies); None keeps every episode.
 
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
         of dropped groups, and ``keep`` (per episode).
     """
     if keep is None:
-        keep = select_groups(batch.returns, batch.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction)
+        keep = np.ones(len(batch.returns), dtype=bool)
     out = dict(estimate(estimator, batch, settings))
     if "token_advantages" in out:
         out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)
@@ -202,20 +191,3 @@ def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray
         turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
         out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
     return out
-
-
-def segment_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Each position's mean of ``values`` over the masked positions of its segment, row by row
-    (differentiable; 0 where ``mask`` is 0).
-
-    Args:
-        values: ``(B, T)``.
-        segments: ``(B, T)`` non-negative integer segment ids (a turn's id for each token).
-        mask: ``(B, T)``, 1 on the positions that count.
-    """
-    segments = segments.long()
-    mask = mask.to(values.dtype)
-    width = int(segments.max()) + 1 if segments.numel() else 1
-    sums = torch.zeros(values.shape[0], width, dtype=values.dtype, device=values.device).scatter_add(1, segments, values * mask)
-    counts = torch.zeros_like(sums).scatter_add(1, segments, mask)
-    return (sums / counts.clamp(min=1.0)).gather(1, segments) * mask

@@ -7,7 +7,7 @@ the data it has seen. What it does not know is the part of the run that lives in
 :class:`~envhub_trl.trainer.EnvGRPOTrainer`, which ``checkpoint-N/envhub_run_state.json`` (and two
 files beside it) holds:
 
-- TRL's micro-step counter (:func:`envhub_trl.trl_bridge.micro_step`): with the optimizer step,
+- TRL's micro-step counter (:attr:`envhub_trl.trl_bridge.TRLBridge.micro_step`): with the optimizer step,
   it seeds each generation batch's sampling (:meth:`EnvGRPOTrainer._sampling`) and picks which
   slice of a generation batch a micro-step trains on. Left at 0 on resume, every batch after it
   is sampled with other seeds.
@@ -63,13 +63,16 @@ import shutil
 import warnings
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from envhub.error import ResumeError
 from envhub_trl import run_files
 from envhub_trl.selection import BEST_FILE
+
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
 
 #: The state file in a checkpoint folder.
 RUN_STATE_FILE = "envhub_run_state.json"
@@ -249,18 +252,18 @@ def remove_partials(output_dir: str | Path) -> None:
             path.unlink()
 
 
-def _generate_every(trainer: Any) -> int:
+def _generate_every(trainer: EnvGRPOTrainer) -> int:
     return trainer.args.steps_per_generation * trainer.num_iterations
 
 
-def save(trainer: Any, folder: str | Path) -> None:
+def save(trainer: EnvGRPOTrainer, folder: str | Path) -> None:
     """Write what ``trainer``'s future depends on beyond what ``transformers.Trainer`` saves into
     the checkpoint folder ``folder`` (see the module docstring)."""
     from envhub_trl import trl_bridge  # TRL's counters; imported here so that reading a record loads no TRL
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    buffered = trl_bridge.buffered_inputs(trainer) is not None and trl_bridge.micro_step(trainer) % _generate_every(trainer) != 0
+    buffered = trl_bridge.buffered_inputs(trainer) is not None and trainer.micro_step % _generate_every(trainer) != 0
     if buffered:
         torch.save(trl_bridge.buffered_inputs(trainer), folder / BUFFER_FILE.format(process=trainer.accelerator.process_index))
     if not trainer.accelerator.is_main_process:
@@ -280,16 +283,16 @@ def save(trainer: Any, folder: str | Path) -> None:
     state = {
         "version": VERSION,
         "global_step": trainer.state.global_step,
-        "trl_step": trl_bridge.micro_step(trainer),
+        "trl_step": trainer.micro_step,
         "buffered_inputs": buffered,
-        "async_batches": trainer._async_batches,
+        "async_batches": trainer.async_batches,
         "curriculum": None if curriculum is None else {"stage": curriculum.stage, "recent": list(curriculum.recent)},
         "pending_metrics": trl_bridge.pending_metrics(trainer),
         "reference": reference is not None,
         "base_weights": adapter,
     }
     (folder / RUN_STATE_FILE).write_text(json.dumps(state, indent=1))
-    record = getattr(trainer, "run_record", None)  # envhub train's; None for a trainer used from Python
+    record = trainer.run_record  # envhub train's; None for a trainer used from Python
     if record is not None:
         (folder / RECORD_FILE).write_text(json.dumps(record, indent=1))
 
@@ -339,7 +342,7 @@ def check_same_run(record: dict[str, Any], model: str, config: dict[str, Any], w
         raise ResumeError(f"cannot resume with another config ({'; '.join(changes)}); resume with the run's own, or --overwrite to start afresh")
 
 
-def restore(trainer: Any, checkpoint: str | Path) -> bool:
+def restore(trainer: EnvGRPOTrainer, checkpoint: str | Path) -> bool:
     """Put the state :func:`save` wrote in ``checkpoint`` back into ``trainer`` before it trains
     on (the Trainer loads the model, optimizer, schedule and RNG states itself). A checkpoint
     without it (written before envhub saved it) resumes with a warning: the weights and the
@@ -363,7 +366,7 @@ def restore(trainer: Any, checkpoint: str | Path) -> bool:
     if state.get("version") != VERSION:
         raise ResumeError(f"{path} has layout version {state.get('version')!r}; this envhub reads version {VERSION}")
     trl_bridge.set_micro_step(trainer, int(state["trl_step"]))
-    trainer._async_batches = int(state["async_batches"])
+    trainer.async_batches = int(state["async_batches"])
     if state["buffered_inputs"]:
         buffer = folder / BUFFER_FILE.format(process=trainer.accelerator.process_index)
         if not buffer.is_file():
@@ -384,7 +387,7 @@ def restore(trainer: Any, checkpoint: str | Path) -> bool:
     return True
 
 
-def _restore_base(trainer: Any, folder: Path) -> None:
+def _restore_base(trainer: EnvGRPOTrainer, folder: Path) -> None:
     """A LoRA run's weights under its adapter (the Trainer then loads the adapter itself)."""
     from safetensors.torch import load_model
 
@@ -396,7 +399,7 @@ def _restore_base(trainer: Any, folder: Path) -> None:
     trainer.weights_changed()  # a generator with its own copy of the weights gets these
 
 
-def _restore_reference(trainer: Any, folder: Path) -> None:
+def _restore_reference(trainer: EnvGRPOTrainer, folder: Path) -> None:
     """REINFORCE++'s reference as the checkpoint saved it (a frozen copy of the policy's
     architecture holding the saved weights)."""
     import copy
@@ -409,4 +412,4 @@ def _restore_reference(trainer: Any, folder: Path) -> None:
     model = trainer.accelerator.unwrap_model(trainer.model)
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     load_model(reference, str(path), device=str(next(model.parameters()).device))
-    trainer._reference = reference
+    trainer.restore_reference(reference)

@@ -7,7 +7,7 @@ best checkpoint (``transformers``' ``load_best_model_at_end``, ROLL's and verl's
 seeds from ``validation_seed_offset`` (apart from the training and the held-out seeds) at the start
 of RL, every ``validation_steps`` optimizer steps and at the end; the run ends with the policy that
 scored best (the earliest of equals), so RL cannot end below its start on the validation seeds. The
-held-out seeds stay untouched by the choice.
+held-out seeds stay untouched by the choice; :func:`periodic_evaluation` only watches them.
 
 The best policy's weights are written to ``<output_dir>/validation-best.pt`` whenever it changes
 (whole or not at all, :func:`envhub_trl.run_files.write_file`), so a resumed run still ends with the
@@ -18,19 +18,23 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import click
 import torch
 from transformers import TrainerCallback
 
 from envhub_trl import run_files
 from envhub_trl.evaluation import held_out_seeds
 
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
+
 #: The best policy's weights, in the run's output folder.
 BEST_FILE = "validation-best.pt"
 
 
-def greedy_point(trainer: Any, step: int, what: str, seeds: list[int] | None = None) -> dict[str, Any]:
+def greedy_point(trainer: EnvGRPOTrainer, step: int, what: str, seeds: list[int] | None = None) -> dict[str, Any]:
     """Greedy success of ``trainer``'s policy at optimizer ``step`` on ``seeds`` (None: the held-out
     ones) for every env of the run: ``{"step", "greedy"}`` (the mean over envs), with ``per_env``
     for a mix. ``what`` names the seeds in the progress labels."""
@@ -106,3 +110,28 @@ class ValidationSelection(TrainerCallback):
         best = self.best
         print(f"kept the policy of step {best['step']} ({best['greedy']:.1%} on the validation seeds; the last: "
               f"{self.points[-1]['greedy']:.1%})", file=sys.stderr, flush=True)
+
+
+def periodic_evaluation(trainer: EnvGRPOTrainer, points: list[dict[str, Any]] = ()) -> Any:
+    """With ``eval_steps`` set, a callback (added to ``trainer``) that measures held-out greedy
+    success every ``eval_steps`` optimizer steps, as ROLL's validation runs do, so that a run that
+    peaks and then collapses shows it; None without ``eval_steps``. ``points`` are those a resumed
+    run measured before its checkpoint."""
+    every = trainer.args.eval_steps
+    if not every:
+        return None
+    every = max(1, int(every if every >= 1 else every * trainer.args.max_steps))
+
+    class HeldOutEvaluation(TrainerCallback):
+        def __init__(self) -> None:
+            self.points: list[dict[str, Any]] = list(points)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step % every == 0 and state.global_step < state.max_steps:
+                point = greedy_point(trainer, state.global_step, "held-out")
+                self.points.append(point)
+                click.echo(f"held-out success at step {state.global_step}: {point['greedy']:.1%} greedy", err=True)
+
+    callback = HeldOutEvaluation()
+    trainer.add_callback(callback)
+    return callback

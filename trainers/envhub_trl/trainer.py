@@ -47,31 +47,14 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.lora import merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
-from envhub_trl.rollout_batch import describe_aside, episode_return
-from envhub_trl.trl_bridge import TRLBridge, loadable_reference
+from envhub_trl.rollout_batch import describe_aside
+from envhub_trl.trl_bridge import TRLBridge, episode_return, loadable_reference
 
 
 def seed_dataset(num_seeds: int) -> Dataset:
     """The trainer's dataset: one row per training seed (``env_seed``), with a ``prompt`` TRL logs."""
     seeds = list(range(num_seeds))
     return Dataset.from_dict({"prompt": [f"env seed {s}" for s in seeds], "env_seed": seeds})
-
-
-def choice_entropies(head: Any, hidden: torch.Tensor, inputs: dict[str, Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The entropy of each choice point's distribution over its legal first tokens
-    (:func:`~envhub_trl.pipeline.choice_points`), renormalised: the output layer ``head`` applied to
-    the final hidden states ``(rows, length, size)`` at the points alone, for those tokens alone.
-    Returns ``(entropies, points)``, each ``(rows, k)``; ``points`` marks the real choice points."""
-    positions, tokens, mask = inputs["choice_positions"], inputs["choice_tokens"], inputs["choice_mask"]
-    states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (rows, k, size)
-    logits = torch.einsum("rkh,rkmh->rkm", states, head.weight[tokens].to(states.dtype))
-    if getattr(head, "bias", None) is not None:
-        logits = logits + head.bias[tokens]
-    logits = (logits.float() / temperature).masked_fill(mask == 0, float("-inf"))
-    points = mask.sum(-1) > 0
-    logp = torch.log_softmax(logits.masked_fill(~points.unsqueeze(-1), 0.0), -1)
-    entropy = -(logp.exp() * logp.masked_fill(mask == 0, 0.0)).sum(-1)
-    return entropy, points
 
 
 class EnvGRPOTrainer(TRLBridge):
@@ -127,10 +110,13 @@ class EnvGRPOTrainer(TRLBridge):
                 peft_config=peft_config,
                 rollout_func=self.rollout_columns,
             )
+        #: What a checkpoint keeps of ``envhub train``'s run (:func:`envhub_trl.run_state.save` writes it;
+        #: :class:`envhub_trl.run.TrainingRun` sets it); None for a trainer used from Python.
+        self.run_record: dict[str, Any] | None = None
         self._managers: dict[str, tuple[EnvGroupManager, Any]] = {}  # owner ("main", "async") -> (manager, its key)
         self._async: AsyncRollouts | None = None  # rollout_mode="async": the producer thread
-        self._async_batches = 0  # generation batches taken from it
-        self._generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
+        self.async_batches = 0  # generation batches taken from it
+        self.generator_lock = threading.Lock()  # the producer and evaluation never sample on one engine at once
         schedule = args.curriculum_schedule()
         self.curriculum: CurriculumState | None = CurriculumState(schedule) if schedule is not None else None
         self._generator: Generator | None = generator
@@ -146,11 +132,6 @@ class EnvGRPOTrainer(TRLBridge):
                 self.add_callback(AverageCriticGradients(self.value_head))
 
     # ------------------------------------------------------------------ generation
-
-    @property
-    def _manager(self) -> EnvGroupManager | None:
-        """The manager training batches play through (the main thread's)."""
-        return self._managers.get("main", (None, None))[0]
 
     @property
     def generator(self) -> Generator:
@@ -198,7 +179,7 @@ class EnvGRPOTrainer(TRLBridge):
             self._synced_step = self.state.global_step  # it starts from the current weights
         return generator
 
-    def _manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
+    def manager_for(self, seeds: list[int], group_size: int, owner: str = "main") -> tuple[EnvGroupManager, list[int]]:
         """The manager for this process's rows of a generation batch (their env seeds, in order)
         and the seeds to reset its groups with.
 
@@ -225,18 +206,19 @@ class EnvGRPOTrainer(TRLBridge):
             if row_envs[i] in partition and list(partition)[-1] != row_envs[i]:
                 raise RuntimeError(f"the rows of env {row_envs[i]} are not contiguous in this process's batch")
             partition[row_envs[i]] = partition.get(row_envs[i], 0) + 1
-        kwargs = self.args.mix_manager_kwargs([entry for entry in entries if entry.env_id in partition])
-        key = (tuple(partition.items()), size, repr(kwargs))
+        by_id = {entry.env_id: self.args.env_settings(entry) for entry in entries}
+        groups = {by_id[env_id]: count for env_id, count in partition.items()}
+        key = (tuple((repr(s), count) for s, count in groups.items()), size)
         manager, known = self._managers.get(owner, (None, None))
         if manager is None or known != key:
             if manager is not None:
                 manager.close()
             executor = make_executor(self.args.env_executor, self.args.env_workers, self.args.env_step_timeout)
-            manager = EnvGroupManager(partition, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor, **kwargs)
+            manager = EnvGroupManager.from_settings(groups, None, size, seed=self.args.seed, tokenizer=self.processing_class, executor=executor)
             self._managers[owner] = (manager, key)
         return manager, seeds[::size]
 
-    def _sampling(self, batch: int | None = None) -> SamplingParams:
+    def training_sampling(self, batch: int | None = None) -> SamplingParams:
         """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
         index = self.accelerator.process_index
         position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
@@ -263,10 +245,10 @@ class EnvGRPOTrainer(TRLBridge):
         if args.rollout_mode == "async" and mode == "train":
             trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
         else:
-            manager, reset_seeds = self._manager_for(self._batch_seeds, group_size)
+            manager, reset_seeds = self.manager_for(self._batch_seeds, group_size)
             play_mode = "lockstep" if args.rollout_mode == "lockstep" else "continuous"
-            with self._generator_lock:
-                trajectories, stats = pipeline.play(manager, self.generator, self._sampling(), seeds=reset_seeds, mode=play_mode)
+            with self.generator_lock:
+                trajectories, stats = pipeline.play(manager, self.generator, self.training_sampling(), seeds=reset_seeds, mode=play_mode)
         self.log_metrics(mode, stats.metrics())
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
@@ -311,14 +293,20 @@ class EnvGRPOTrainer(TRLBridge):
 
     # ------------------------------------------------------------------ async rollouts
 
+    def stop_async(self) -> None:
+        """Stop the async producer, if one runs (training ended: it would play one batch too many)."""
+        if self._async is not None:
+            self._async.close()
+            self._async = None
+
     def _async_batch(self, rows: int, group_size: int) -> tuple[list[Trajectory], RolloutStats, int]:
         """The next generation batch from the producer thread (started on the first call): post
         the current weights as this batch's version, take the batch, return it with its staleness."""
         model = self.accelerator.unwrap_model(self.model)
         if self._async is None:
             self._async = start_producer(self, model, rows, group_size)
-        batch = self._async_batches
-        self._async_batches += 1
+        batch = self.async_batches
+        self.async_batches += 1
         # Under the base model's names, a LoRA model's adapters merged in: what a generator loads.
         self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in merged_weights(model).items()})
         trajectories, stats, version = self._async.take(batch)
@@ -360,7 +348,7 @@ class EnvGRPOTrainer(TRLBridge):
                 loss = loss + self.args.vf_coef * value_loss / scale
             if choices:
                 head = self.accelerator.unwrap_model(model).get_output_embeddings()
-                entropy, points = choice_entropies(head, states, inputs, self.temperature)
+                entropy, points = pipeline.choice_entropies(head, states, inputs, self.temperature)
                 if points.any():
                     # Weighted as the policy loss weighs a token (over the micro-batch's model tokens), so
                     # the coefficient keeps its meaning against the advantage whatever the replies' length.
@@ -452,8 +440,9 @@ class EnvGRPOTrainer(TRLBridge):
             top_k=args.top_k or 0,
             seed=args.seed,
         )
-        env = env if env is not None else args.env_entries()[0]
-        settings = args.eval_manager_kwargs_for(env, model=generator is None)
-        with self._generator_lock:  # an async producer may be sampling on the same engine
+        settings = args.env_settings(env)
+        if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
+            settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
+        with self.generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
-            return evaluate_generator(generator, self.processing_class, env.env_id, seeds, sampling, label=label, members=pass_k, **settings)
+            return evaluate_generator(generator, self.processing_class, settings, seeds, sampling, label=label, members=pass_k)

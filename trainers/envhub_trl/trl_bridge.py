@@ -15,7 +15,7 @@ alone. What it reaches:
 - ``GRPOTrainer._metrics`` and ``_logs``: where TRL averages the logged metrics, and its
   completions log (:meth:`TRLBridge.log_metrics`, :meth:`TRLBridge.log_row_advantages`).
 - ``GRPOTrainer._step`` and ``_buffered_inputs``: the micro-step counter and the generation batch
-  being trained, which a resumed run restores (:func:`micro_step`, :func:`buffered_inputs`...).
+  being trained, which a resumed run restores (:attr:`TRLBridge.micro_step`, :func:`buffered_inputs`...).
 - ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
   where a checkpoint is written and read, so that envhub's files go with it (the trainer's
   :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`), and
@@ -27,7 +27,7 @@ alone. What it reaches:
   training (:meth:`TRLBridge.train`).
 - TRL's ``trl.trainer.grpo_trainer`` logger: its warning that every reward function returned None
   for a row is dropped when the row is a padding row of the step layout (``trajectory_index``
-  -1), whose reward is None on purpose (:func:`~envhub_trl.rollout_batch.episode_return`); TRL
+  -1), whose reward is None on purpose (:func:`episode_return`); TRL
   leaves such rows out of its reward statistics, and the warning came once per batch.
 """
 
@@ -50,7 +50,31 @@ from envhub_trl import run_files, run_state
 from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
 from envhub_trl.lora import is_peft_model
 from envhub_trl.pipeline import GenerationBatch
-from envhub_trl.rollout_batch import segment_mean
+
+
+def episode_return(
+    prompts: list[Any], completions: list[Any], episode_return: list[float | None], **kwargs: Any
+) -> list[float | None]:
+    """TRL reward function: the episode's return, as the rollout recorded it (None on padding rows,
+    which TRL then leaves out of its reward statistics)."""
+    return [None if value is None else float(value) for value in episode_return]
+
+
+def segment_mean(values: torch.Tensor, segments: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each position's mean of ``values`` over the masked positions of its segment, row by row
+    (differentiable; 0 where ``mask`` is 0).
+
+    Args:
+        values: ``(B, T)``.
+        segments: ``(B, T)`` non-negative integer segment ids (a turn's id for each token).
+        mask: ``(B, T)``, 1 on the positions that count.
+    """
+    segments = segments.long()
+    mask = mask.to(values.dtype)
+    width = int(segments.max()) + 1 if segments.numel() else 1
+    sums = torch.zeros(values.shape[0], width, dtype=values.dtype, device=values.device).scatter_add(1, segments, values * mask)
+    counts = torch.zeros_like(sums).scatter_add(1, segments, mask)
+    return (sums / counts.clamp(min=1.0)).gather(1, segments) * mask
 
 
 def loadable_reference(model: Any, args: Any, peft_config: Any = None) -> None:
@@ -111,8 +135,6 @@ class TRLBridge(GRPOTrainer):
             raise RuntimeError("EnvGRPOTrainer plays its episodes in generation_batch; rows must carry env_seed")
         return dict(batch.columns)
 
-    _rollout = rollout_columns  # the name bench/trainer.py wraps to measure each batch's rows
-
     def token_logps(self, model: Any, output: Mapping[str, Any], batch_size: int | None = None) -> torch.Tensor:
         """``model``'s per-token log-probs of the completions of ``output`` (TRL's batch layout)."""
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
@@ -172,6 +194,10 @@ class TRLBridge(GRPOTrainer):
             reference = self.accelerator.unwrap_model(self.ref_model)
             reference.load_state_dict(policy.state_dict())
         self._reference = None
+
+    def restore_reference(self, reference: Any) -> None:
+        """Take ``reference`` as REINFORCE++'s frozen reference (a resumed run's, as its checkpoint saved it)."""
+        self._reference = reference
 
     def log_metrics(self, mode: str, metrics: Mapping[str, float]) -> None:
         """Add one value per metric to what TRL averages into the next log line (``mode``:
@@ -288,11 +314,6 @@ class TRLBridge(GRPOTrainer):
 
 
 # ---------------------------------------------------------------------- run state (envhub_trl.run_state)
-
-
-def micro_step(trainer: Any) -> int:
-    """TRL's micro-step counter of ``trainer``."""
-    return trainer._step
 
 
 def set_micro_step(trainer: Any, step: int) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from envhub.generation import Completion, ExpertGenerator, Generator, Prompt, RandomGenerator, RandomMappingGenerator, SamplingParams
 from envhub.manager import EnvGroupManager
+from envhub.settings import EnvSettings
 from envhub.rollout import Sample, Trajectory, rollout, to_samples
 
 
@@ -28,16 +29,15 @@ DEMONSTRATORS = ("expert", "random", "random-mapping")
 
 def expert_samples(
     tokenizer: Any,
-    env_id: str,
+    settings: EnvSettings,
     seeds: Sequence[int],
     epsilon: float = 0.0,
     seed: int = 0,
     demonstrator: str = "expert",
     mapping_share: float = 1.0,
     world_model: bool = False,
-    **manager_kwargs: Any,
 ) -> list[Sample]:
-    """The demonstrator's episodes on ``seeds`` as samples, in the manager's layout (``manager_kwargs`` go to the manager).
+    """The demonstrator's episodes on ``seeds`` as samples, played and laid out as ``settings`` say.
 
     ``demonstrator="expert"``: the env's oracle. With ``epsilon`` it takes a uniformly random legal
     move that often (noise seeded with ``seed``). Those moves are played but not imitated (their
@@ -60,7 +60,7 @@ def expert_samples(
     """
     if demonstrator not in DEMONSTRATORS:
         raise ValueError(f"unknown demonstrator {demonstrator!r}; choose one of {list(DEMONSTRATORS)}")
-    manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
+    manager = EnvGroupManager.from_settings(settings, len(seeds), 1, tokenizer=tokenizer)
     if demonstrator == "random":
         player: Generator = RandomGenerator(seed=seed, tokenizer=tokenizer)
     elif demonstrator == "random-mapping":
@@ -151,18 +151,17 @@ class ExpertRelabeller:
 def relabelled_samples(
     student: Generator,
     tokenizer: Any,
-    env_id: str,
+    settings: EnvSettings,
     seeds: Sequence[int],
     temperature: float = 1.0,
-    max_new_tokens: int = 64,
     seed: int = 0,
-    **manager_kwargs: Any,
 ) -> tuple[list[Sample], list[Trajectory]]:
-    """The student's episodes on ``seeds`` (sampled at ``temperature``), every turn labelled with
-    the expert's reply: one sample per turn (:class:`ExpertRelabeller`), and the trajectories."""
-    manager = EnvGroupManager(env_id, len(seeds), 1, tokenizer=tokenizer, **manager_kwargs)
+    """The student's episodes on ``seeds`` (sampled at ``temperature``, replies of up to the
+    settings' ``max_reply_tokens``, else 64), every turn labelled with the expert's reply: one
+    sample per turn (:class:`ExpertRelabeller`), and the trajectories."""
+    manager = EnvGroupManager.from_settings(settings, len(seeds), 1, tokenizer=tokenizer)
     relabeller = ExpertRelabeller(student, tokenizer)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    sampling = SamplingParams(max_new_tokens=settings.max_reply_tokens or 64, temperature=temperature, seed=seed)
     with manager:
         trajectories = rollout(manager, relabeller, sampling, seeds=list(seeds))
     return relabeller.samples, trajectories
@@ -365,38 +364,35 @@ class WarmStart:
             converted[key] = value
         return cls(**converted)
 
-    def run(
-        self, model: Any, tokenizer: Any, env_id: str, seed: int = 0, reply_tokens: int = 64, bf16: bool = False,
-        **manager_kwargs: Any,
-    ) -> list[float]:
-        """Train ``model`` on the demonstrator's episodes (noise and batches seeded with ``seed``);
-        returns each step's loss (empty when it is not :attr:`active`). ``reply_tokens`` bounds the model's
-        replies when it plays (DAgger rounds): the run's ``max_turn_tokens``. ``bf16``: the run's
-        mixed precision (:func:`supervised_steps`)."""
-        return self.run_on(model, tokenizer, [(env_id, manager_kwargs)], seed, reply_tokens, bf16=bf16)
+    def run(self, model: Any, tokenizer: Any, settings: EnvSettings, seed: int = 0, bf16: bool = False) -> list[float]:
+        """Train ``model`` on the demonstrator's episodes of the env ``settings`` describe (noise
+        and batches seeded with ``seed``); returns each step's loss (empty when it is not
+        :attr:`active`). The settings' ``max_reply_tokens`` (the run's ``max_turn_tokens``) bounds
+        the model's replies when it plays (DAgger rounds). ``bf16``: the run's mixed precision
+        (:func:`supervised_steps`)."""
+        return self.run_on(model, tokenizer, [settings], seed, bf16=bf16)
 
     def run_on(
         self,
         model: Any,
         tokenizer: Any,
-        envs: Sequence[tuple[str, Mapping[str, Any]]],
+        envs: Sequence[EnvSettings],
         seed: int = 0,
-        reply_tokens: int = 64,
         on_round: Any = None,
         bf16: bool = False,
     ) -> list[float]:
-        """:meth:`run` on a mix: ``episodes`` demonstrator episodes of each ``(env_id,
-        manager_kwargs)``, rendered with that env's settings, drawn from in one pool; each DAgger
+        """:meth:`run` on a mix: ``episodes`` demonstrator episodes of each env's settings,
+        drawn from in one pool; each DAgger
         round plays ``dagger_episodes`` of each env. ``on_round(round, trajectories)`` is called
         with each round's episodes (the model's play before that round's steps)."""
         if not self.active:
             return []
         samples = [
             sample
-            for env_id, manager_kwargs in envs
+            for settings in envs
             for sample in expert_samples(
-                tokenizer, env_id, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator,
-                mapping_share=self.mapping_share, world_model=self.world_model, **manager_kwargs
+                tokenizer, settings, range(self.episodes), epsilon=self.epsilon, seed=seed, demonstrator=self.demonstrator,
+                mapping_share=self.mapping_share, world_model=self.world_model,
             )
         ]
         optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
@@ -406,17 +402,17 @@ class WarmStart:
         )
         losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
         if self.dagger_rounds:
-            from envhub_trl.generators.hf import HFGenerator
+            from envhub_trl.generators import backend
 
-            student = HFGenerator(model, tokenizer, batch_size=max(64, self.dagger_episodes))
+            student = backend("hf").build(model, tokenizer, None, batch_size=max(64, self.dagger_episodes))
         for round_ in range(self.dagger_rounds):
             # Fresh training seeds each round, after the demonstrations' (all below the held-out offset).
             first = self.episodes + round_ * self.dagger_episodes
             played = []
-            for env_id, manager_kwargs in envs:
+            for settings in envs:
                 labelled, trajectories = relabelled_samples(
-                    student, tokenizer, env_id, range(first, first + self.dagger_episodes),
-                    temperature=self.dagger_temperature, max_new_tokens=reply_tokens, seed=seed + round_, **manager_kwargs,
+                    student, tokenizer, settings, range(first, first + self.dagger_episodes),
+                    temperature=self.dagger_temperature, seed=seed + round_,
                 )
                 samples.extend(labelled)
                 played.extend(trajectories)

@@ -23,6 +23,7 @@ __all__ = [
     "VLLMServerGenerator",
     "backend",
     "capabilities_of",
+    "load_generator",
     "make_generator",
     "register_generator",
 ]
@@ -34,7 +35,13 @@ def make_generator(kind: str, model: str, env_ids: Sequence[str] | None = None, 
     (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach)."""
     from envhub_trl.models import resolve_model
 
+    return load_generator(kind, resolve_model(model, env_ids, seed), **kwargs)
+
+
+def load_generator(kind: str, path: str, **kwargs: Any) -> Generator:
+    """Build the generator backend ``kind`` for a model folder or hub id ``path`` already resolved
+    (:func:`envhub_trl.models.resolve_model`), so that a command resolves its model once."""
     loaders = sorted(name for name, b in BACKENDS.items() if b.from_path is not None)
     if kind not in loaders:
         raise ValueError(f"generator {kind!r} cannot load a model folder; choose one of {', '.join(loaders)}")
-    return backend(kind).from_path(resolve_model(model, env_ids, seed), **kwargs)
+    return backend(kind).from_path(path, **kwargs)

@@ -1,0 +1,8 @@
+"""The trainer's commands, each a thin click shell: ``envhub train`` (:mod:`~envhub_trl.run`),
+``envhub eval`` and ``envhub export-sft``."""
+
+from envhub_trl.commands.eval import eval_command
+from envhub_trl.commands.export_sft import export_sft_command
+from envhub_trl.commands.train import train_command
+
+__all__ = ["eval_command", "export_sft_command", "train_command"]

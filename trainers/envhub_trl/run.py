@@ -1,0 +1,433 @@
+"""A training run as one value, :class:`RunSpec`, and its stages, in the order they run.
+
+``envhub train`` (:mod:`envhub_trl.commands.train`) and the learning benchmark build a
+:class:`RunSpec` (the :class:`~envhub_trl.config.EnvGRPOConfig`, the warm start, the model, the
+tiny model's spec and a LoRA adapter), read from a YAML file and ``KEY=VALUE`` overrides in one
+place (:meth:`RunSpec.read`), and hand it to :func:`train`:
+
+1. lock the output folder, and find the checkpoint a resumed run continues from;
+2. load the model and the trainer (:class:`TrainingRun`);
+3. evaluate on the held-out seeds, warm-start, evaluate again (or take those figures from the
+   checkpoint's record);
+4. RL, with periodic held-out evaluations and validation selection where asked, then the last
+   held-out evaluation;
+5. the reference policies on the same seeds;
+6. ``final/`` written whole, then results.json and the learning curve (:mod:`envhub_trl.report`).
+
+The output folder is locked for the whole run (:mod:`envhub_trl.run_lock`), and every checkpoint,
+``final/`` and results.json are written whole or not at all (:mod:`envhub_trl.run_files`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from envhub.error import EnvhubError
+
+if TYPE_CHECKING:
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+#: Held-out evaluation stages, in the order the table lists them.
+STAGES = ("initial model", "after warm start (SFT)", "after RL")
+
+#: Keys of a config file that are not EnvGRPOConfig fields: the warm start (a mapping of
+#: :class:`envhub_trl.warm_start.WarmStart` fields), how ``--model tiny`` is built (a mapping
+#: of :class:`envhub_trl.tiny.TinySpec` fields) and a LoRA adapter (a mapping of
+#: :class:`envhub_trl.lora.LoraSettings` fields).
+RUN_KEYS = ("warm_start", "tiny", "lora")
+
+
+def say(line: str) -> None:
+    """One line of progress or warning on stderr."""
+    click.echo(line, err=True)
+
+
+def load_config_file(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields of a YAML config file (empty without one) with Hydra-style ``KEY=VALUE``
+    ``overrides`` applied: EnvGRPOConfig fields and :data:`RUN_KEYS`, each checked against its
+    annotation (and converted where safe: ``1e-4`` read as a string becomes a float) before
+    anything loads.
+
+    Raises:
+        click.ClickException: for malformed YAML, an unknown field or a value of the wrong type,
+            naming the field and the type it expects.
+    """
+    from envhub_trl.config import EnvGRPOConfig
+    from envhub_trl.config_file import ConfigError, apply_overrides, check_values, read_yaml_mapping
+
+    try:
+        values = read_yaml_mapping(path) if path is not None else {}
+        values = apply_overrides(values, overrides, EnvGRPOConfig)
+        return check_values(values, EnvGRPOConfig, extra=RUN_KEYS, source=path or "config")
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def split_warm_start(values: dict[str, Any], source: str | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """Take the ``warm_start`` mapping out of config ``values`` (in place) as a
+    :class:`~envhub_trl.warm_start.WarmStart`, with ``overrides`` (its fields) applied.
+
+    Raises:
+        click.ClickException: for a bad mapping, naming ``source`` (the config file).
+    """
+    from envhub_trl.warm_start import WarmStart
+
+    mapping = values.pop("warm_start", None)
+    try:
+        if mapping is not None and not isinstance(mapping, dict):
+            raise ValueError(f"warm_start must be a mapping of WarmStart fields, got {mapping!r}")
+        return WarmStart.from_mapping({**(mapping or {}), **(overrides or {})})
+    except ValueError as exc:
+        raise click.ClickException(f"{source or 'config'}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run, as ``envhub train`` and the learning benchmark describe it.
+
+    Attributes:
+        args: the trainer's config (``output_dir`` included).
+        model: ``tiny``, ``smollm2-135m``, a model folder or a hub id.
+        warm_start: the supervised start before RL (inactive with no steps).
+        tiny: how ``--model tiny`` is built (None: not given).
+        lora: a LoRA adapter to train instead of every weight (None: every weight).
+        config: the config as the run records it (results.json's ``config``, each checkpoint's
+            record): the values given, without ``output_dir``, with ``tiny`` and ``lora``.
+        resume_from: the config's ``resume_from_checkpoint`` (it means ``--resume PATH``).
+    """
+
+    args: Any
+    model: str = "tiny"
+    warm_start: Any = None
+    tiny: Any = None
+    lora: Any = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    resume_from: str | None = None
+
+    @classmethod
+    def read(
+        cls,
+        path: str | None,
+        overrides: Sequence[str] = (),
+        *,
+        model: str = "tiny",
+        fields: Mapping[str, Any] | None = None,
+        warm_start: Mapping[str, Any] | None = None,
+    ) -> RunSpec:
+        """A run from a YAML file, its ``KEY=VALUE`` ``overrides``, then ``fields`` given on the
+        command line (EnvGRPOConfig fields, and ``lora``, whose keys go over the file's) and
+        ``warm_start`` fields (over the file's ``warm_start`` mapping).
+
+        Raises:
+            click.ClickException: naming the file or the field, before anything loads.
+        """
+        values = load_config_file(path, overrides)
+        for key, value in (fields or {}).items():
+            values[key] = {**(values.get(key) or {}), **value} if key == "lora" else value
+        return cls.from_values(values, model, split_warm_start(values, path, dict(warm_start or {})))
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], model: str = "tiny", warm_start: Any = None) -> RunSpec:
+        """A run from EnvGRPOConfig field values (``output_dir`` included; ``tiny`` and ``lora``
+        mappings may be among them) and a :class:`~envhub_trl.warm_start.WarmStart` (None: none).
+
+        Raises:
+            click.ClickException: ``bad configuration: ...``, for a field, an env or a mapping
+                that is refused, before anything loads.
+        """
+        from envhub_trl.config import EnvGRPOConfig
+        from envhub_trl.lora import LoraSettings
+        from envhub_trl.tiny import TinySpec
+        from envhub_trl.warm_start import WarmStart
+
+        values = dict(values)
+        values.setdefault("report_to", "none")
+        resume_from = values.pop("resume_from_checkpoint", None)  # a config's way of saying --resume PATH
+        tiny_values, lora_values = values.pop("tiny", None), values.pop("lora", None)
+        try:
+            args = EnvGRPOConfig(**values)
+            args.check_envs()
+            tiny = TinySpec.from_mapping(tiny_values)
+            lora = LoraSettings.from_mapping(lora_values)
+            if tiny_values is not None and model != "tiny":
+                raise ValueError(f"tiny settings are for --model tiny, not {model!r}")
+        except (TypeError, ValueError, EnvhubError) as exc:
+            raise click.ClickException(f"bad configuration: {exc}") from exc
+        config = {k: v for k, v in values.items() if k != "output_dir"}
+        if tiny_values is not None:
+            config["tiny"] = dict(tiny_values)
+        if lora is not None:
+            config["lora"] = lora.record()
+        return cls(args, model, warm_start if warm_start is not None else WarmStart(), tiny, lora, config, resume_from)
+
+    def record(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this run, to check that a resume continues the same one."""
+        return {"model": self.model, "config": dict(self.config), "warm_start": dataclasses.asdict(self.warm_start)}
+
+
+def run_training(
+    values: dict[str, Any],
+    model_name: str = "tiny",
+    *,
+    warm_start: Any = None,
+    resume: str | bool | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """:func:`train` on ``RunSpec.from_values(values, model_name, warm_start)``: the learning
+    benchmark's and the tests' way in. Returns the run's ``results.json``."""
+    return train(RunSpec.from_values(values, model_name, warm_start), resume=resume, overwrite=overwrite)
+
+
+def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
+
+    The run evaluates on the held-out seeds before training, after the warm start and after RL,
+    then plays the reference policies on the same seeds; progress goes to stderr.
+
+    ``resume`` (True: the output folder's last ``checkpoint-N``; or a checkpoint's path; the
+    config's ``resume_from_checkpoint`` means the same) continues an interrupted run: the same
+    model, config and warm start, the evaluations it made before its checkpoint kept, so that it
+    returns what the uninterrupted run would have; a resume of a finished run (its results.json)
+    returns its results and changes nothing. ``overwrite`` removes what an earlier run wrote
+    (:func:`~envhub_trl.run_state.clear_run`) once the new run's model and envs have loaded;
+    without either, an output folder with an earlier run's checkpoints is refused.
+
+    Raises:
+        click.ClickException: for an output folder in use by another run or that cannot be used
+            as asked, a damaged checkpoint with none whole before it, a write that found no room,
+            or an environment error, with the reason.
+    """
+    from envhub_trl import run_lock, run_state
+    from envhub_trl.report import RunReport
+
+    started = time.perf_counter()
+    try:  # one run at a time in an output folder, for the whole run
+        lock = run_lock.OutputLock(spec.args.output_dir).acquire()
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from None
+    with lock:
+        if lock.taken_over is not None:
+            say(lock.describe_taken_over())
+        run_state.remove_partials(spec.args.output_dir)  # what a killed run's unfinished writes left
+        asked = resume not in (None, False) or spec.resume_from
+        finished = run_state.finished_results(spec.args.output_dir) if asked else None
+        if finished is not None:
+            say(f"{spec.args.output_dir} holds a finished run ({run_state.RESULTS_FILE}): there is nothing to resume, and nothing was changed")
+            return finished
+        checkpoint, record = _resume_point(spec, resume, overwrite)
+        run = TrainingRun(spec, checkpoint, record)
+        try:
+            run.load(overwrite)
+            run.start()
+            run.reinforce()
+            run.search_references()
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from exc
+        run.save_final()
+        report = RunReport.of(run, seconds=time.perf_counter() - started)
+        report.write(Path(spec.args.output_dir), run.then)
+        return report.results
+
+
+def _resume_point(spec: RunSpec, resume: str | bool | None, overwrite: bool) -> tuple[Path | None, dict[str, Any] | None]:
+    """The checkpoint a run resumes from and its record (None, None: a new run), from ``resume``
+    or the config's ``resume_from_checkpoint``, once the output folder is found fit for the run
+    (:func:`envhub_trl.run_state.prepare_output_dir`; a damaged last checkpoint is passed over,
+    saying so).
+
+    Raises:
+        click.ClickException: for both asked differently, or a folder, checkpoint or record that refuses.
+    """
+    from envhub_trl import run_state
+
+    from_config = spec.resume_from
+    if from_config:
+        if resume not in (None, False) and (resume in (True, "last") or Path(str(resume)).resolve() != Path(from_config).resolve()):
+            raise click.ClickException(f"resume_from_checkpoint={from_config} and --resume {resume} ask for different checkpoints; give one")
+        resume = from_config
+    try:
+        checkpoint = run_state.prepare_output_dir(spec.args.output_dir, resume, overwrite, say=say)
+        if checkpoint is None:
+            return None, None
+        record = run_state.read_record(checkpoint)
+        own = spec.record()
+        run_state.check_same_run(record, own["model"], own["config"], own["warm_start"])
+    except EnvhubError as exc:
+        raise click.ClickException(str(exc)) from None
+    return checkpoint, record
+
+
+def evaluate(trainer: EnvGRPOTrainer, stage: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Per env of the run, held-out metrics of the greedy policy and, with ``eval_sampled``, of the
+    policy sampled as in training (echoed to stderr, with the episodes cut for invalid replies)."""
+    out = {}
+    args = trainer.args
+    for entry in args.env_entries():
+        name = f"{stage}, {entry.env_id}" if len(args.env_entries()) > 1 else stage
+        metrics = {"greedy": trainer.evaluate_env(label=f"held-out, {name}, greedy", env=entry)}
+        if args.eval_sampled:
+            metrics["sampled"] = trainer.evaluate_env(greedy=False, label=f"held-out, {name}, sampled", env=entry)
+        if args.eval_pass_k:
+            k = args.eval_pass_k
+            metrics[f"pass@{k}"] = trainer.evaluate_env(greedy=False, label=f"held-out, {name}, pass@{k}", env=entry, pass_k=k)
+            metrics[f"pass@{k}"]["success_rate"] = metrics[f"pass@{k}"]["pass_at_k"]
+        note = ""
+        if any(m.get("invalid_end_rate") for m in metrics.values()):
+            cut = " and ".join(f"{m['invalid_end_rate']:.0%} {mode}" for mode, m in metrics.items())
+            note = f" ({cut} episodes ended after {args.eval_max_invalid_streak} invalid replies in a row)"
+        rates = ", ".join(f"{m['success_rate']:.1%} {mode}" for mode, m in metrics.items())
+        say(f"held-out success, {name}: {rates}{note}")
+        out[entry.env_id] = metrics
+    return out
+
+
+def references(trainer: EnvGRPOTrainer, entry: Any) -> tuple[dict[str, float], Any]:
+    """The reference policies and the open-loop search on the held-out seeds of one env of the run
+    (:func:`envhub_trl.evaluation.reference_figures`); random and expert play through
+    ``evaluate_env``, under the training prompt settings."""
+    from envhub_trl.evaluation import held_out_seeds, reference_figures
+
+    args = trainer.args
+    seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
+    say(f"reference policies on the {len(seeds)} held-out seeds of {entry.env_id}: searching the best open-loop policy")
+    return reference_figures(
+        args.env_settings(entry), seeds, seed=args.seed, tokenizer=trainer.processing_class, say=say,
+        play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}")["success_rate"],
+    )
+
+
+def _dagger_progress(round_: int, trajectories: list[Any]) -> None:
+    """Echo how the model played in a DAgger round (its episodes on fresh training seeds)."""
+    won = sum(t.success for t in trajectories) / max(1, len(trajectories))
+    say(f"warm start, DAgger round {round_ + 1}: the model won {won:.1%} of {len(trajectories)} episodes it played")
+
+
+class TrainingRun:
+    """The stages of one run of a :class:`RunSpec`, each a method, called in order by :func:`train`.
+
+    Attributes:
+        spec: the run.
+        checkpoint: the checkpoint a resumed run continues (None: a new run).
+        record: that checkpoint's record of the run (None: a new run).
+        trainer: the trainer (after :meth:`load`).
+        evaluations: held-out figures per stage (:data:`STAGES`), per env.
+        before_rl: the optimizer step RL started at (the warm start's are not counted).
+        phase_seconds: wall time of the warm start (this process's; None when resumed past it)
+            and of RL (its validations included).
+        periodic: the periodic held-out evaluation (None without ``eval_steps``).
+        kept: what validation selection kept (None without ``keep_best_on_validation``).
+        searched: per env, the reference policies' figures and the open-loop search.
+        then: what to do when ``final/`` or results.json finds no room.
+    """
+
+    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, record: dict[str, Any] | None = None):
+        self.spec, self.checkpoint, self.record = spec, checkpoint, record
+        self.trainer: EnvGRPOTrainer | None = None
+        self.evaluations: dict[str, Any] = {}
+        self.before_rl = 0
+        self.phase_seconds: dict[str, float | None] = {"warm_start": None, "rl": None}
+        self.periodic: Any = None
+        self.kept: dict[str, Any] | None = None
+        self.searched: dict[str, tuple[dict[str, float], Any]] = {}
+        self.then = "free some space and run again"
+
+    def load(self, overwrite: bool) -> None:
+        """The model, its tokenizer and the trainer; with ``overwrite``, only now that they have
+        loaded, the earlier run's files go."""
+        from envhub_trl import run_state
+        from envhub_trl.models import load_model_and_tokenizer
+        from envhub_trl.trainer import EnvGRPOTrainer
+
+        spec, entries = self.spec, self.spec.args.env_entries()
+        model, tokenizer = load_model_and_tokenizer(
+            spec.model, [e.env_id for e in entries], spec.args.seed, kwargs_by_env={e.env_id: e.env_kwargs for e in entries},
+            tiny=spec.tiny if spec.model == "tiny" else None,
+        )
+        peft = spec.lora.peft_config() if spec.lora is not None else None
+        self.trainer = EnvGRPOTrainer(model, spec.args, processing_class=tokenizer, peft_config=peft)
+        if overwrite:
+            run_state.clear_run(spec.args.output_dir)
+
+    def start(self) -> None:
+        """Held-out figures of the initial model and, with a warm start, after it; a resumed run
+        takes them from its checkpoint's record (its weights already hold the warm start)."""
+        from envhub_trl.lora import fold_adapter
+
+        trainer, warm_start, args = self.trainer, self.spec.warm_start, self.spec.args
+        if self.record is not None:
+            say(f"resuming from {self.checkpoint}: the evaluations before RL are those the run made")
+            self.evaluations, self.before_rl = self.record["evaluations"], self.record["before_rl"]
+            return
+        self.evaluations = {STAGES[0]: evaluate(trainer, STAGES[0])}
+        if warm_start.active:
+            say(f"warm start: {warm_start.describe()}")
+            begun = time.perf_counter()
+            model, tokenizer = trainer.model, trainer.processing_class
+            settings = [args.env_settings(e) for e in args.env_entries()]
+            warm_start.run_on(model, tokenizer, settings, args.seed, on_round=_dagger_progress, bf16=bool(args.bf16))
+            self.phase_seconds["warm_start"] = time.perf_counter() - begun
+            fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
+            trainer.weights_changed()  # a vLLM generator still holds the initial weights
+            trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
+            self.evaluations[STAGES[1]] = evaluate(trainer, STAGES[1])
+        self.before_rl = trainer.state.global_step
+
+    def reinforce(self) -> None:
+        """RL (from the checkpoint of a resumed run), with the periodic evaluation and the
+        validation selection, then the held-out figures after it."""
+        from envhub_trl.selection import ValidationSelection, periodic_evaluation
+
+        trainer, args, record = self.trainer, self.spec.args, self.record or {}
+        self.periodic = periodic_evaluation(trainer, record.get("held_out_curve", []))
+        selection = None
+        if args.keep_best_on_validation:
+            selection = ValidationSelection(trainer, record.get("validation_curve", []))
+            trainer.add_callback(selection)
+        # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
+        trainer.run_record = {
+            **self.spec.record(), "evaluations": dict(self.evaluations), "before_rl": self.before_rl,
+            "held_out_curve": self.periodic.points if self.periodic is not None else [],
+            "validation_curve": selection.points if selection is not None else [],
+        }
+        begun = time.perf_counter()
+        trainer.train(resume_from_checkpoint=str(self.checkpoint) if self.checkpoint is not None else None)
+        self.phase_seconds["rl"] = time.perf_counter() - begun
+        if selection is not None:
+            self.kept = {**selection.finish(), "curve": selection.points, "episodes": args.validation_episodes,
+                         "seed_offset": args.validation_seed_offset, "held_out_last_step": None}
+            if self.kept["step"] != self.kept["last_step"]:
+                # The last policy's held-out figures too, so that what the choice changed is on record.
+                self.kept["held_out_last_step"] = evaluate(trainer, "after RL, last step (not kept)")
+                selection.restore()
+        self.evaluations[STAGES[2]] = evaluate(trainer, STAGES[2])
+
+    def search_references(self) -> None:
+        """The reference policies on the held-out seeds of each env."""
+        self.searched = {e.env_id: references(self.trainer, e) for e in self.spec.args.env_entries()}
+
+    def save_final(self) -> None:
+        """``final/``, written whole or not at all (a LoRA run's merged model, which loads
+        without PEFT, instead of the adapter alone)."""
+        from envhub_trl import run_files, run_state
+        from envhub_trl.lora import merged_model
+
+        trainer, out = self.trainer, Path(self.spec.args.output_dir)
+        last = run_state.last_checkpoint(out)
+        if last is not None:
+            self.then = f"free some space; --resume finishes the run from {last.name}"
+        try:  # results.json, which says the run finished, only after it
+            with run_files.writing_folder(out / "final", trainer.checkpoint_bytes(), self.then) as final:
+                trainer.save_model(str(final))
+                if self.spec.lora is not None:
+                    for name in ("adapter_model.safetensors", "adapter_config.json"):
+                        (final / name).unlink(missing_ok=True)
+                    merged_model(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(str(final))
+        except EnvhubError as exc:
+            raise click.ClickException(str(exc)) from None
