@@ -105,6 +105,17 @@ class MovePolicy:
         return out
 
 
+def _right_padded(turns: list[Any]) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+    """Each turn's prompt + reply as a row, right-padded: (rows, ids, attention mask)."""
+    rows = [list(t.input_ids) + list(t.completion_ids) for t in turns]
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    return rows, ids, mask
+
+
 def reply_loss(model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[int] | None = None, top_entropy: float = 1.0) -> torch.Tensor:
     """-sum(advantage * log p(token)) over every reply token / the reply tokens (TRL's 'dapo' sum);
     with ``top_entropy`` < 1 only the tokens whose entropy is in that top share of the batch's (TRL's
@@ -116,13 +127,7 @@ def reply_loss(model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[i
             ents = []
             for start in range(0, len(turns), 128):
                 chunk = turns[start : start + 128]
-                rows = [list(t.input_ids) + list(t.completion_ids) for t in chunk]
-                width = max(map(len, rows))
-                ids = torch.zeros(len(rows), width, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for r, row in enumerate(rows):
-                    ids[r, : len(row)] = torch.tensor(row)
-                    mask[r, : len(row)] = 1
+                rows, ids, mask = _right_padded(chunk)
                 lp = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float().log_softmax(-1)
                 e = -(lp.exp() * lp).sum(-1)
                 for r, t in enumerate(chunk):
@@ -130,14 +135,9 @@ def reply_loss(model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[i
             threshold = torch.quantile(torch.cat(ents), 1 - top_entropy)
     for start in range(0, len(turns), 128):
         chunk = turns[start : start + 128]
-        rows = [list(t.input_ids) + list(t.completion_ids) for t in chunk]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        weight = torch.zeros(len(rows), width)
+        rows, ids, mask = _right_padded(chunk)
+        weight = torch.zeros(ids.shape)
         for r, (t, row) in enumerate(zip(chunk, rows)):
-            ids[r, : len(row)] = torch.tensor(row)
-            mask[r, : len(row)] = 1
             if move_only is None:
                 weight[r, len(t.input_ids) : len(row)] = adv[start + r]
             else:  # the move token alone; a reply without one is not trained

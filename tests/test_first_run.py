@@ -122,3 +122,54 @@ def test_a_first_run_reports_its_cut_episodes_and_its_progress(tmp_path):
     assert set(results["rl_success_gain"]) == {"greedy"}
     assert {"random policy", "expert"} <= set(results["references"])
     assert [line.split()[:4] for line in result.output.splitlines() if line.startswith("initial model")] == [["initial", "model", "0.0%", "-"]]
+
+
+def test_each_rl_step_is_one_line_with_success_return_invalid_replies_time_and_eta(monkeypatch):
+    callbacks = pytest.importorskip("envhub_trl.callbacks")
+    clock = iter([100.0, 104.0, 110.0])
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: next(clock))
+    metrics = {"env/success_rate": [0.25], "env/mean_return": [0.5], "env/invalid_action_rate": [0.125]}
+    trainer = types.SimpleNamespace(_metrics={"train": metrics})
+    lines: list[str] = []
+    progress = callbacks.StepProgress(trainer, lines.append)
+    state = types.SimpleNamespace(global_step=0, max_steps=4, is_world_process_zero=True)
+    progress.on_train_begin(None, state, None)
+    state.global_step = 1
+    progress.on_step_end(None, state, None)
+    metrics.clear()  # TRL's log line took them; the next step trains on the same batch
+    state.global_step = 2
+    progress.on_step_end(None, state, None)
+    assert lines == [
+        "RL step 1/4: training success 25.0%, return 0.5, invalid replies 12.5%, 4.0 s/step, ETA 0:12",
+        "RL step 2/4: training success 25.0%, return 0.5, invalid replies 12.5%, 6.0 s/step, ETA 0:10",
+    ]
+
+
+@pytest.mark.slow
+def test_a_run_prints_a_line_per_rl_step_to_a_pipe_and_names_its_files_without_third_party_noise(tmp_path):
+    """``envhub train`` with stderr and stdout pipes: one progress line per RL step (whatever
+    logging_steps), the held-out table and the paths of results.json, the curve and the model; no
+    Triton warning, progress bars or raw metrics dicts."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("envhub_trl")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "max_turns: 4\ngroups_per_step: 2\ngroup_size: 2\nper_device_train_batch_size: 4\nmax_steps: 3\n"
+        "max_turn_tokens: 6\neval_episodes: 2\nsave_strategy: 'no'\nlogging_steps: 2\n"
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "envhub", "train", "--env", LAKE, "--config", str(config), "--output-dir", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    step = re.compile(r"RL step (\d)/3: training success \d+\.\d%, return \S+, invalid replies \d+\.\d%, \d+\.\d s/step, ETA \d+:\d\d")
+    assert [m.group(1) for m in map(step.fullmatch, done.stderr.splitlines()) if m] == ["1", "2", "3"]
+    for noise in ("Triton", "Loading weights", "Writing model shards", "it/s]", "{'loss'", "train_runtime"):
+        assert noise not in done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("after RL ") for line in lines)
+    assert lines[-4:-1] == [f"results: {out / 'results.json'}", f"learning curve: {out / 'learning_curve.png'}", f"model: {out / 'final'}"]
+    assert (out / "results.json").is_file()

@@ -50,7 +50,7 @@ def test_settings_read_a_mapping_and_refuse_bad_values_in_one_line():
         ({"dropout": 1.0}, r"lora.dropout must be in \[0, 1\)"),
         ({"target_modules": []}, "lora.target_modules must be 'all-linear' or a non-empty list"),
         ({"target_modules": "attention"}, "lora.target_modules must be 'all-linear' or a list of module names"),
-        ({"rank": 8}, r"unknown lora keys \['rank'\]; known: \['r', 'alpha', 'dropout', 'target_modules'\]"),
+        ({"rank": 8}, r"unknown lora key 'rank'; known: \['r', 'alpha', 'dropout', 'target_modules'\]"),
     ]:
         with pytest.raises(ValueError, match=message):
             LoraSettings.from_mapping(mapping)
@@ -168,4 +168,4 @@ def test_train_refuses_bad_lora_settings_in_one_line(tmp_path):
 
     result = CliRunner().invoke(cli, ["train", "--env", LAKE, "--output-dir", str(tmp_path / "o"), "lora.rank=4"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert result.output.splitlines()[-1] == "Error: bad configuration: unknown lora keys ['rank']; known: ['r', 'alpha', 'dropout', 'target_modules']"
+    assert result.output.splitlines()[-1] == "Error: bad configuration: unknown lora key 'rank'; known: ['r', 'alpha', 'dropout', 'target_modules']"

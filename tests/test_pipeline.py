@@ -333,38 +333,3 @@ def test_choice_points_sit_before_the_first_token_of_each_valid_turns_action(lay
         assert found == [(0, width + 2 - 1, [3, 5, 6, 9]), (4, width + 2 - 1, [3, 5])]
     else:  # one row: each turn's reply starts where turn_starts says
         assert found == [(0, width + starts[0][0] + 1, [3, 5, 6, 9]), (0, width + starts[0][4] + 1, [3, 5])]
-
-
-@pytest.mark.parametrize("layout", ["step", "trajectory"])
-def test_advantage_tokens_action_keeps_each_turns_advantage_on_its_actions_tokens_alone(layout):
-    # advantage_tokens="action": the tokens that spell a valid reply's action keep their turn's advantage; the
-    # format's tokens, an invalid reply's and the environment's get 0.
-    vocab = {1: "<answer", 2: ">", 3: "Do", 4: "wn", 5: "Up", 6: "Le", 7: "ft", 8: "</answer>", 11: ">Up"}
-    decode = lambda ids: "".join(vocab.get(i, "~") for i in ids)  # noqa: E731
-    assert pipeline.action_span([1, 2, 3, 4, 8], "Down", decode) == (2, 4)
-    assert pipeline.action_span([1, 11, 8], "Up", decode) == (1, 2)  # ">Up" spells part of the format and the action
-    assert pipeline.action_span([1, 2, 5, 8], "Down", decode) is None
-    ep = episode([0.0, 0.0, 1.0], layout=layout, reply=5)
-    replies = [([1, 2, 3, 4, 8], "Down", True), ([1, 2, 5, 8, 8], "Up", False), ([1, 11, 8, 8, 8], "Up", True)]
-    for k, (ids, action, valid) in enumerate(replies):
-        ep.turns[k] = dataclasses.replace(ep.turns[k], completion_ids=ids, action=action, action_is_valid=valid)
-    batch = pipeline.to_rows(pipeline.gather([ep], group_size=1), rows_for([ep]), layout=layout, decode=decode)
-    width = max(len(s.completion_ids) for s in batch.samples)
-    batch = pipeline.spread(pipeline.estimate(batch, "grpo"), width)
-    mask = pipeline.action_token_mask(batch, width, decode)
-    spelled = {0: [2, 3], 1: [], 2: [1]}  # per turn, the reply's tokens that spell its action
-    for row, (sample, starts) in enumerate(zip(batch.samples, batch.turn_starts)):
-        expected = np.zeros(width)
-        for turn, start in starts.items():
-            expected[[start + j for j in spelled[turn]]] = 1.0
-        assert mask[row].tolist() == expected.tolist()
-        kept = batch.advantages[row] * mask[row]
-        assert np.all((kept == batch.advantages[row]) | (mask[row] == 0))  # where it is kept, unchanged
-    assert mask.sum() == 3
-
-
-def test_advantage_tokens_takes_reply_or_action():
-    from envhub_trl.config import EnvGRPOConfig
-
-    with pytest.raises(ValueError, match="advantage_tokens must be one of"):
-        EnvGRPOConfig(output_dir="/tmp/envhub-test", report_to="none", advantage_tokens="format")

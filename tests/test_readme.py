@@ -1,6 +1,7 @@
 """The README and the docs pages work as written: their code runs, their commands exist, their
 figures are the results page's, and every page is on the site."""
 
+import dataclasses
 import importlib
 import re
 import shlex
@@ -141,6 +142,10 @@ def test_docs_commands_name_real_commands_and_options(page, line):
         command, ctx, words = sub, click.Context(sub, info_name=words[0], parent=ctx), words[1:]
     assert not isinstance(command, click.Group), f"{page}: {line} names a group, not a command"
     known = _options(command, ctx)
+    if ctx.command_path == "envhub train":  # any config field is a flag of train (--max-steps 50)
+        from envhub_trl.config import EnvGRPOConfig
+
+        known.update(f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(EnvGRPOConfig))
     for word in words:
         option = word.strip("[]").split("=", 1)[0]
         if option.startswith("-") and len(option) > 1:

@@ -50,7 +50,7 @@ def test_size_fields_reach_the_model():
         ({"hidden_size": 100, "num_heads": 3}, "multiple of tiny.num_heads"),
         ({"num_layers": 0}, "tiny.num_layers must be a positive integer"),
         ({"phrase_tokens": "yes"}, "tiny.phrase_tokens must be true or false"),
-        ({"layers": 2}, "unknown tiny keys \\['layers'\\]"),
+        ({"layers": 2}, "unknown tiny key 'layers' \\(did you mean num_layers\\?\\)"),
         ([1, 2], "tiny must be a mapping"),
     ],
 )

@@ -232,29 +232,6 @@ def test_grpo_matches_trls_own_advantages(tiny, tmp_path, monkeypatch):
     torch.testing.assert_close(ours["advantages"][model_tokens], expected[model_tokens], rtol=1e-3, atol=1e-3)
 
 
-def test_advantage_tokens_action_leaves_the_advantage_on_the_actions_tokens_alone(tiny, tmp_path):
-    """advantage_tokens="action": in the batch the loss reads, a valid reply's advantage sits on the tokens
-    that spell its action (as with "reply", unchanged) and nowhere else; an invalid reply carries none."""
-    from transformers import AutoModelForCausalLM
-
-    from envhub_trl.trainer import EnvGRPOTrainer
-
-    path, tokenizer = tiny
-    model = AutoModelForCausalLM.from_pretrained(path).train()
-    outputs = {}
-    for tokens in ("reply", "action"):
-        config = _config(tmp_path / tokens, advantage_estimator="grpo", max_steps=1, max_turns=7, format_penalty=-0.1, advantage_tokens=tokens)
-        trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=HalfExpert(model, tokenizer))
-        outputs[tokens] = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
-    reply, action = outputs["reply"]["advantages"], outputs["action"]["advantages"]
-    model_tokens = (outputs["reply"]["tool_mask"] * outputs["reply"]["completion_mask"]).bool()
-    kept = action != 0
-    assert kept.any() and (model_tokens & ~kept & (reply != 0)).any()  # some tokens keep it, some lose it
-    torch.testing.assert_close(action[kept], reply[kept])
-    moves = {tokenizer.decode([int(t)]).strip() for t in outputs["action"]["completion_ids"][kept]}
-    assert moves and all(m and m in "LeftDownRightUp" for m in moves), moves  # the move words' tokens, no format
-
-
 @pytest.mark.slow
 def test_completions_log_shows_the_advantages_the_loss_used(run):
     trainer, _, batches = run
@@ -786,7 +763,7 @@ def test_an_override_of_a_string_field_keeps_its_word_where_yaml_would_read_a_bo
 @pytest.mark.parametrize(
     ("warm_start", "message"),
     [
-        ("{stepz: 3}", "unknown warm_start keys ['stepz']"),
+        ("{stepz: 3}", "unknown warm_start key 'stepz' (did you mean steps?)"),
         ("{steps: two}", "warm_start.steps must be a number, got 'two'"),
         ("{steps: 2.5}", "warm_start.steps must be an integer, got 2.5"),
         ("{epsilon: 2}", "warm_start.epsilon is a probability"),

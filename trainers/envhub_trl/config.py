@@ -217,15 +217,6 @@ class EnvGRPOConfig(GRPOConfig):
             "(docs/results-rl-alone.md). Envs that do not list their legal actions get no bonus."
         },
     )
-    advantage_tokens: str = field(
-        default="reply",
-        metadata={
-            "help": "Which tokens carry a turn's advantage in the policy loss: `reply` (every token of the reply, the "
-            "field's default) or `action` (only the tokens that spell the reply's legal action: the reply format's tokens "
-            "and a reply that named no legal action carry none, so the credit for a move falls on the move; "
-            "docs/results-rl-alone.md)."
-        },
-    )
     step_anchor: str = field(
         default="state",
         metadata={

@@ -29,7 +29,6 @@ ALIASES = {"step_advantage_weight": "step_reward_weight", "step_gamma": "step_re
 NORMS = ("mean", "mean_std", "relative")
 ROLLOUT_MODES = ("lockstep", "continuous", "async")
 RATIO_TYPES = ("token", "segment")
-ADVANTAGE_TOKENS = ("reply", "action")
 POSITIVE = Bounds(low=0, low_open=True)
 UNIT = Bounds(low=0, high=1)
 
@@ -172,8 +171,6 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {c.rollout_mode!r}")
     if c.rollout_mode == "async" and (served(c.generator) or c.curriculum is not None):
         raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
-    if c.advantage_tokens not in ADVANTAGE_TOKENS:
-        raise ValueError(f"advantage_tokens must be one of {ADVANTAGE_TOKENS}, got {c.advantage_tokens!r}")
     if c.ratio_type not in RATIO_TYPES:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):

@@ -10,6 +10,7 @@ and a problem names the field and the type it expects.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import types
 import typing
@@ -20,6 +21,18 @@ import yaml
 
 class ConfigError(ValueError):
     """A config value of the wrong type, an unknown field, or a malformed file or override."""
+
+
+def did_you_mean(word: str, names: typing.Iterable[str]) -> str:
+    """`` (did you mean NAME?)`` for the name of ``names`` closest to ``word``; empty if none is close."""
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_keys_message(unknown: typing.Sequence[str], names: typing.Iterable[str], what: str) -> str:
+    """``unknown WHAT KEY (did you mean NAME?)``, for each of ``unknown``, joined by ``, ``."""
+    names = list(names)
+    return ", ".join(f"unknown {what} {key!r}{did_you_mean(key, names)}" for key in unknown)
 
 
 def _describe(annotation: Any) -> str:
@@ -103,7 +116,8 @@ def check_values(values: dict[str, Any], config_class: type, extra: typing.Colle
     fields = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(values) - fields - set(extra))
     if unknown:
-        raise ConfigError(f"{source}: unknown config fields {unknown}; see {config_class.__name__} for the fields")
+        names = [*fields, *extra]
+        raise ConfigError(f"{source}: {unknown_keys_message(unknown, names, 'config field')}; `envhub train --help-config` lists the fields")
     checked = {}
     for key, value in values.items():
         if key in extra:
@@ -134,7 +148,7 @@ def settings_from_mapping(cls: type, values: typing.Mapping[str, Any], key: str)
         raise ValueError(f"{key} must be a mapping of {known}, got {values!r}")
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise ValueError(f"unknown {key} keys {unknown}; known: {known}")
+        raise ValueError(f"{unknown_keys_message(unknown, known, key + ' key')}; known: {known}")
     return cls(**values)
 
 
@@ -194,3 +208,54 @@ def apply_overrides(values: dict[str, Any], overrides: typing.Iterable[str], con
             target = child
         target[leaf] = value
     return values
+
+
+def _flag_key(flag: str) -> str:
+    """``--max-steps`` as the key ``max_steps``; a dotted flag's parts each so, but an env id
+    after ``envs.`` keeps its dashes (``--envs.frozenlake/FrozenLake-v0.max-turns``)."""
+    parts = flag.removeprefix("--").split(".")
+    return ".".join(p if i and parts[i - 1] == "envs" else p.replace("-", "_") for i, p in enumerate(parts))
+
+
+def _takes_bool(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    return bool in (typing.get_args(annotation) if origin in (Union, types.UnionType) else (annotation,))
+
+
+def flags_as_overrides(
+    args: typing.Sequence[str], config_class: type, extra: typing.Collection[str] = (), options: typing.Collection[str] = (),
+) -> list[str]:
+    """``args`` with TRL's and transformers' flag habits written as ``KEY=VALUE`` overrides:
+    ``--max-steps 5``, ``--max_steps 5`` and ``--max-steps=5`` are ``max_steps=5``, and a flag of a
+    boolean field without a value (``--bf16``) is ``bf16=true``. Other arguments pass unchanged.
+
+    ``extra`` are further top-level keys (``warm_start``, ``lora``...); ``options`` the command's own
+    flags, offered with the fields' when a flag is unknown.
+
+    Raises:
+        ConfigError: for a flag that names no field (with the closest one) or lacks its value.
+    """
+    hints = typing.get_type_hints(config_class)
+    fields = [f.name for f in dataclasses.fields(config_class) if f.init]
+    out, rest = [], list(args)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--"):
+            out.append(arg)
+            continue
+        flag, sep, value = arg.partition("=")
+        key = _flag_key(flag)
+        top = key.split(".")[0]
+        if top not in fields and top not in extra:
+            known = [*options, *(f"--{n.replace('_', '-')}" for n in [*fields, *extra])]
+            raise ConfigError(f"no such option: {flag}{did_you_mean(flag, known)}; `envhub train --help-config` lists the config fields")
+        if not sep:
+            following = rest[0] if rest else "--"
+            if not following.startswith("--") and following.partition("=")[0].split(".")[0] not in (*fields, *extra):
+                value = rest.pop(0)
+            elif top == key and _takes_bool(hints[key]):
+                value = "true"
+            else:
+                raise ConfigError(f"{flag} needs a value ({flag} VALUE, or {key}=VALUE)")
+        out.append(f"{key}={value}")
+    return out

@@ -268,11 +268,10 @@ def spread(batch: GenerationBatch, width: int) -> GenerationBatch:
     return dataclasses.replace(batch, advantages=advantages)
 
 
-def action_span(completion_ids: Sequence[int], action: str, decode: Callable[[list[int]], str]) -> tuple[int, int] | None:
-    """The tokens ``[begin, end)`` of ``completion_ids`` that spell ``action``: its first
+def action_offset(completion_ids: Sequence[int], action: str, decode: Callable[[list[int]], str]) -> int | None:
+    """The index in ``completion_ids`` of the token that begins ``action``'s spelling: its first
     occurrence after the reply's first ``>`` (the end of an ``<answer>`` tag), else its first
-    occurrence; None when the reply does not spell it. A token that spells part of the action and
-    part of the format around it counts in."""
+    occurrence; None when the reply does not spell it."""
     pieces = [decode([token]) for token in completion_ids]
     text = "".join(pieces)
     begin = text.find(action, text.find(">") + 1)
@@ -280,31 +279,12 @@ def action_span(completion_ids: Sequence[int], action: str, decode: Callable[[li
         begin = text.find(action)
     if begin < 0:
         return None
-    ends = np.cumsum([len(piece) for piece in pieces])
-    first = int(np.searchsorted(ends, begin, side="right"))
-    last = int(np.searchsorted(ends, begin + len(action) - 1, side="right"))
-    return (first, last + 1) if first < len(pieces) else None
-
-
-def action_offset(completion_ids: Sequence[int], action: str, decode: Callable[[list[int]], str]) -> int | None:
-    """The index in ``completion_ids`` of the token that begins ``action``'s spelling (:func:`action_span`)."""
-    span = action_span(completion_ids, action, decode)
-    return None if span is None else span[0]
-
-
-def action_token_mask(batch: GenerationBatch, width: int, decode: Callable[[list[int]], str]) -> np.ndarray:
-    """``advantage_tokens="action"``'s mask on the per-token advantages, ``(rows, width)``: 1 on the
-    tokens that spell a reply's legal action, 0 on the rest: the reply format's tokens, every token
-    of a reply that named no legal action, environment tokens and padding. The credit for a move
-    then falls on the move alone (docs/results-rl-alone.md)."""
-    out = np.zeros((len(batch.samples), width))
-    for row, (sample, starts) in enumerate(zip(batch.samples, batch.turn_starts)):
-        for turn_index, start in starts.items():
-            turn = batch.episodes[sample.trajectory_index].turns[turn_index]
-            span = action_span(turn.completion_ids, turn.action, decode) if turn.action_is_valid and turn.action else None
-            if span is not None:
-                out[row, start + span[0] : start + span[1]] = 1.0
-    return out
+    position = 0
+    for k, piece in enumerate(pieces):
+        if position + len(piece) > begin:
+            return k
+        position += len(piece)
+    return None
 
 
 def choice_points(

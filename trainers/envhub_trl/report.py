@@ -204,4 +204,7 @@ def print_results(results: dict[str, Any], output_dir: str) -> None:
     if len(per_env) > 1:
         print_env(f"mean over {len(per_env)} envs", results, results)
     out = Path(output_dir)
-    click.echo(f"learning curve: {out / 'learning_curve.png'}\nmodel: {out / 'final'}\ntotal time: {results['seconds'] / 60:.1f} min")
+    click.echo(
+        f"results: {out / 'results.json'}\nlearning curve: {out / 'learning_curve.png'}\nmodel: {out / 'final'}\n"
+        f"total time: {results['seconds'] / 60:.1f} min"
+    )

@@ -185,11 +185,13 @@ def run_training(
     return train(RunSpec.from_values(values, model_name, warm_start), resume=resume, overwrite=overwrite)
 
 
-def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = False) -> dict[str, Any]:
+def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = False, verbose: bool = True) -> dict[str, Any]:
     """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
 
     The run evaluates on the held-out seeds before training, after the warm start and after RL,
-    then plays the reference policies on the same seeds; progress goes to stderr.
+    then plays the reference policies on the same seeds; progress goes to stderr, one line per RL
+    step (:class:`~envhub_trl.callbacks.StepProgress`). Without ``verbose``, the third-party output
+    :mod:`envhub_trl.quiet` names is hidden, for the rest of the process.
 
     ``resume`` (True: the output folder's last ``checkpoint-N``; or a checkpoint's path; the
     config's ``resume_from_checkpoint`` means the same) continues an interrupted run: the same
@@ -205,8 +207,11 @@ def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = 
             or an environment error, with the reason.
     """
     from envhub_trl import run_lock, run_state
+    from envhub_trl.quiet import hide_library_noise
     from envhub_trl.report import RunReport
 
+    if not verbose:
+        hide_library_noise()
     started = time.perf_counter()
     try:  # one run at a time in an output folder, for the whole run
         lock = run_lock.OutputLock(spec.args.output_dir).acquire()
@@ -222,7 +227,7 @@ def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = 
             say(f"{spec.args.output_dir} holds a finished run ({run_state.RESULTS_FILE}): there is nothing to resume, and nothing was changed")
             return finished
         checkpoint, record = _resume_point(spec, resume, overwrite)
-        run = TrainingRun(spec, checkpoint, record)
+        run = TrainingRun(spec, checkpoint, record, verbose=verbose)
         try:
             run.load(overwrite)
             run.start()
@@ -325,10 +330,11 @@ class TrainingRun:
         kept: what validation selection kept (None without ``keep_best_on_validation``).
         searched: per env, the reference policies' figures and the open-loop search.
         then: what to do when ``final/`` or results.json finds no room.
+        verbose: keep the Trainer's progress bar and raw metrics dicts beside the step lines.
     """
 
-    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, record: dict[str, Any] | None = None):
-        self.spec, self.checkpoint, self.record = spec, checkpoint, record
+    def __init__(self, spec: RunSpec, checkpoint: Path | None = None, record: dict[str, Any] | None = None, *, verbose: bool = True):
+        self.spec, self.checkpoint, self.record, self.verbose = spec, checkpoint, record, verbose
         self.trainer: EnvGRPOTrainer | None = None
         self.evaluations: dict[str, Any] = {}
         self.before_rl = 0
@@ -382,9 +388,14 @@ class TrainingRun:
     def reinforce(self) -> None:
         """RL (from the checkpoint of a resumed run), with the periodic evaluation and the
         validation selection, then the held-out figures after it."""
+        from envhub_trl.callbacks import StepProgress
+        from envhub_trl.quiet import drop_trainer_printing
         from envhub_trl.selection import ValidationSelection, periodic_evaluation
 
         trainer, args, record = self.trainer, self.spec.args, self.record or {}
+        trainer.add_callback(StepProgress(trainer, say))  # first, so a step's line comes before its evaluations
+        if not self.verbose:
+            drop_trainer_printing(trainer)
         self.periodic = periodic_evaluation(trainer, record.get("held_out_curve", []))
         selection = None
         if args.keep_best_on_validation:

@@ -270,8 +270,7 @@ class EnvGRPOTrainer(TRLBridge):
             scores = self.model_scores(output, needs, self.value_head, batch.turn_starts if self.value_head is not None else None)
             batch = pipeline.score(batch, **scores, collect=gather_object)
         batch = pipeline.spread(pipeline.estimate(batch, args.advantage_estimator, args.estimator_settings()), width)
-        on = pipeline.action_token_mask(batch, width, self.processing_class.decode) if args.advantage_tokens == "action" else 1.0
-        output["advantages"] = torch.tensor(batch.advantages * on, dtype=torch.float32, device=device)
+        output["advantages"] = torch.tensor(batch.advantages, dtype=torch.float32, device=device)
         self.log_metrics(mode, pipeline.estimate_metrics(batch))
         if staleness is not None:
             self._correct_for_lag(output, staleness, mode)

@@ -353,7 +353,9 @@ class WarmStart:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown warm_start keys {unknown}; known: {sorted(known)}")
+            from envhub_trl.config_file import unknown_keys_message
+
+            raise ValueError(f"{unknown_keys_message(unknown, known, 'warm_start key')}; known: {sorted(known)}")
         converted = {}
         for key, value in values.items():
             if isinstance(value, str) and key not in ("lr_schedule", "demonstrator", "world_model"):

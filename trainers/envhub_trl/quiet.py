@@ -1,0 +1,35 @@
+"""The third-party output ``envhub train`` hides unless ``--verbose``: vLLM's import-time warnings
+(the Triton one), transformers' and the Hub's progress bars ("Loading weights", "Writing model
+shards"), and the Trainer's own progress bar and raw metrics dicts, which
+:class:`~envhub_trl.callbacks.StepProgress`'s one line a step replaces. Warnings and errors that
+are envhub's own, and transformers' and TRL's warnings, still show."""
+
+from __future__ import annotations
+
+import logging as logging_module
+import os
+from typing import Any
+
+
+def hide_library_noise() -> None:
+    """Quiet vLLM's logger and the progress bars of transformers and the Hub, for this process.
+
+    Call it before vLLM is first imported: its Triton warning comes at import, through the
+    ``vllm`` logger before vLLM has configured it; the variable holds the level where it does.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging_module.getLogger("vllm").setLevel(logging_module.ERROR)
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    disable_progress_bars()
+
+
+def drop_trainer_printing(trainer: Any) -> None:
+    """Remove the Trainer's progress bar and its printer of raw metrics dicts from ``trainer``
+    (the metrics still reach its log, results.json and any tracker)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
