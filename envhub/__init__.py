@@ -3,8 +3,9 @@
 Importing envhub imports no plugin. The first lookup of an id (``make``, ``spec``) loads the plugin
 of its namespace; listing the registry (``envhub list``) loads them all. A plugin's
 ``register_envs`` hook records ids and ``module:Class`` strings; an environment's own code is
-imported only when it is made. Once the plugins have loaded (``envhub.load_plugins()`` loads them
-all), every envhub id also works with ``gymnasium.make``.
+imported only when it is made. A plugin's ids also work with ``gymnasium.make`` once it has loaded,
+and importing a plugin's package loads it (``import envhub_frozenlake``, or Gymnasium's own
+``gymnasium.make("envhub_frozenlake:frozenlake/FrozenLake-v0")``).
 """
 
 from __future__ import annotations

@@ -15,17 +15,21 @@ import dataclasses
 import itertools
 import json
 import math
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 import subprocess
 import sys
+import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from envhub.actions import apply_reply, env_format_name, get_format
-from envhub.core import INFO_KEYS, TextEnv, ToolEnv
+from envhub.core import INFO_KEYS, TextEnv, ToolEnv, shorten
 from envhub.error import MissingDependency
 from envhub.registration import EnvSpec, make, spec
 
@@ -50,6 +54,8 @@ class CheckReport:
 
     env_id: str
     results: list[CheckResult] = dataclasses.field(default_factory=list)
+    #: Wall-clock seconds the checks took (set by :func:`check_envs`).
+    seconds: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,14 +77,26 @@ class CheckReport:
             lines.append(f"  {'PASS' if r.passed else 'FAIL'}  {r.name}")
             if r.detail and not r.passed:
                 lines.extend(f"        {line}" for line in r.detail.splitlines())
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """``"6/7 checks passed, 1 skipped"``: how many of the checks that ran passed."""
         ran = [r for r in self.results if not r.skipped]
         skipped = len(self.results) - len(ran)
-        lines.append(f"{sum(r.passed for r in ran)}/{len(ran)} checks passed" + (f", {skipped} skipped" if skipped else ""))
-        return "\n".join(lines)
+        return f"{sum(r.passed for r in ran)}/{len(ran)} checks passed" + (f", {skipped} skipped" if skipped else "")
+
+    def line(self) -> str:
+        """One line for a run over many envs: PASS or FAIL, the id, the summary, the failed and the
+        skipped checks (with the reason, cut to 40 characters), the time."""
+        failed = "; failed: " + ", ".join(r.name for r in self.failures) if self.failures else ""
+        skipped = ", ".join(f"{r.name} ({shorten(r.skipped, 40)})" for r in self.results if r.skipped)
+        took = f" ({self.seconds:.1f} s)" if self.seconds is not None else ""
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.env_id}  {self.summary()}{': ' if skipped else ''}{skipped}{failed}{took}"
 
     def to_json(self) -> dict[str, Any]:
         """The report as the object ``envhub check --json`` prints."""
-        return {"env_id": self.env_id, "ok": self.ok, "checks": [dataclasses.asdict(r) for r in self.results]}
+        return {"env_id": self.env_id, "ok": self.ok, "seconds": self.seconds, "checks": [dataclasses.asdict(r) for r in self.results]}
 
 
 class _Failure(Exception):
@@ -451,6 +469,91 @@ def check_env(env_id: str, *, fuzz: int = 1000, cross_process: bool = True, **ma
         if name.startswith("reset/step") and not report.results[-1].passed:
             break  # nothing else can run on an env that cannot reset and step
     return report
+
+
+def check_envs(
+    env_ids: Sequence[str], *, jobs: int = 1, timeout: float | None = None, fuzz: int = 1000, **make_kwargs: Any
+) -> Iterator[CheckReport]:
+    """Check every id and yield each report as soon as its env is done (not in the order given).
+
+    Args:
+        env_ids: registered ids.
+        jobs: how many envs to check at once, each in its own process.
+        timeout: seconds one env may take; an env that takes longer is stopped (with every process
+            it started) and reported as failed with the reason, and the others go on.
+        fuzz: as for :func:`check_env`.
+        **make_kwargs: as for :func:`check_env`.
+
+    With ``jobs=1`` and no timeout the envs are checked in this process, one after the other.
+    Otherwise each env is checked in a child process: forked where the platform can fork, so that
+    envs registered at run time are checked too.
+    """
+    if jobs == 1 and timeout is None:
+        for env_id in env_ids:
+            started = time.monotonic()
+            report = check_env(env_id, fuzz=fuzz, **make_kwargs)
+            report.seconds = time.monotonic() - started
+            yield report
+        return
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    pending = list(env_ids)
+    running: dict[Any, tuple[Any, str, float]] = {}  # result pipe -> (process, id, start time)
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                env_id = pending.pop(0)
+                reader, writer = context.Pipe(duplex=False)
+                process = context.Process(target=_check_in_child, args=(writer, env_id, fuzz, make_kwargs), daemon=True)
+                process.start()
+                writer.close()
+                running[reader] = (process, env_id, time.monotonic())
+            wait = None
+            if timeout is not None:
+                wait = max(0.0, min(started + timeout for _, _, started in running.values()) - time.monotonic())
+            for reader in multiprocessing.connection.wait(list(running), timeout=wait):
+                process, env_id, started = running.pop(reader)
+                try:
+                    report = reader.recv()
+                except EOFError:  # the child died before it could report (killed, or os._exit in an env)
+                    report = CheckReport(env_id, [CheckResult("checker process", False, f"exited with code {process.exitcode} before reporting")])
+                reader.close()
+                process.join()
+                report.seconds = time.monotonic() - started
+                yield report
+            if timeout is None:
+                continue
+            for reader, (process, env_id, started) in list(running.items()):
+                if time.monotonic() - started >= timeout:
+                    del running[reader]
+                    _stop(process)
+                    reader.close()
+                    message = f"not finished after {timeout:g} s (--timeout); stopped"
+                    yield CheckReport(env_id, [CheckResult("finishes within the timeout", False, message)], seconds=time.monotonic() - started)
+    finally:
+        for process, _, _ in running.values():
+            _stop(process)
+
+
+def _check_in_child(writer: Any, env_id: str, fuzz: int, make_kwargs: dict[str, Any]) -> None:
+    if hasattr(os, "setsid"):
+        os.setsid()  # its own process group, so that a timeout stops the interpreters it starts too
+    try:
+        report = check_env(env_id, fuzz=fuzz, **make_kwargs)
+    except Exception as exc:  # check_env reports failures itself; this is for what escapes it
+        report = CheckReport(env_id, [CheckResult("environment can be checked", False, f"raised {type(exc).__name__}: {exc}")])
+    writer.send(report)
+    writer.close()
+
+
+def _stop(process: Any) -> None:
+    """Kill ``process`` and its process group, and reap it."""
+    if hasattr(os, "killpg"):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    process.kill()
+    process.join()
 
 
 def _main(argv: list[str]) -> int:

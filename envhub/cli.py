@@ -6,9 +6,12 @@ hook; they are attached the first time the group resolves a command.
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ import click
 
 import envhub
 from envhub import plugins
-from envhub.checker import check_env
+from envhub.checker import check_envs
 from envhub.core import OUTCOME_KEY, ToolEnv, shorten
 from envhub.error import EnvhubError
 from envhub.executors import DEFAULT_STEP_TIMEOUT
@@ -93,13 +96,41 @@ def _warn_unmatched_plugins() -> None:
         )
 
 
+def _is_pattern(text: str) -> bool:
+    return any(c in text for c in "*?[")
+
+
+def _matching(ids: Sequence[str], patterns: Sequence[str]) -> list[str]:
+    """The ids that match any of the glob ``patterns`` (fnmatch, case-sensitive), in order.
+
+    Raises:
+        click.ClickException: for a pattern that matches nothing, naming the closest ids.
+    """
+    matched: dict[str, None] = {}
+    for pattern in patterns:
+        found = [i for i in ids if fnmatch.fnmatchcase(i, pattern)]
+        if not found:
+            candidates = list(ids) + sorted({f"{i.partition('/')[0]}/*" for i in ids})
+            close = difflib.get_close_matches(pattern, candidates, n=3, cutoff=0.6)
+            hint = f"; close: {', '.join(close)}" if close else ""
+            raise click.ClickException(f"no environment id matches {pattern!r}{hint}. Run `envhub list` to see every id.")
+        matched.update(dict.fromkeys(found))
+    return list(matched)
+
+
 @cli.command("list")
+@click.argument("patterns", nargs=-1, metavar="[PATTERN]...")
 @json_option
 @click.option("--unavailable", is_flag=True, help="List the ids plugins know but cannot offer here, with the reason.")
-def list_envs(as_json: bool, unavailable: bool) -> None:
-    """List every registered environment, and plugins that failed to load."""
+def list_envs(patterns: tuple[str, ...], as_json: bool, unavailable: bool) -> None:
+    """List every registered environment, and plugins that failed to load.
+
+    PATTERN keeps the ids that match it, as a shell glob: 'sokoban/*', '*8x8*'.
+    """
     if unavailable:
         missing = plugins.unavailable_envs()
+        if patterns:
+            missing = {i: missing[i] for i in _matching(sorted(missing), patterns)}
         if as_json:
             rows = [{"id": i, "plugin": plugin, "reason": reason} for i, (plugin, reason) in sorted(missing.items())]
             click.echo(json.dumps(rows, indent=2))
@@ -107,6 +138,9 @@ def list_envs(as_json: bool, unavailable: bool) -> None:
             click.echo(table([(i, plugin, reason) for i, (plugin, reason) in sorted(missing.items())], ["id", "plugin", "reason"]))
         return
     specs = registry.values()
+    if patterns:
+        keep = set(_matching([s.id for s in specs], patterns))
+        specs = [s for s in specs if s.id in keep]
     _warn_unmatched_plugins()
     broken = [p for p in plugins.plugin_infos() if p.error]
     if as_json:
@@ -503,17 +537,34 @@ def serve(
 
 
 @cli.command("check")
-@click.argument("env_ids", nargs=-1)
+@click.argument("env_ids", nargs=-1, metavar="[ENV_ID|PATTERN]...")
 @click.option("--all", "check_all", is_flag=True, help="Check every registered environment.")
 @click.option("--fuzz", type=click.IntRange(min=1), default=1000, show_default=True, help="Malformed replies to try.")
 @click.option("--env-kwarg", "env_kwargs", multiple=True, metavar="KEY=VALUE", callback=_env_kwargs,
               help="Check the env made with this keyword argument (repeatable), e.g. view=local; VALUE is read as JSON where it parses.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Envs to check at once, each in its own process.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds one env may take; a slower one is stopped and reported as failed, and the run goes on.")
 @json_option
-def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict[str, Any], as_json: bool) -> None:
-    """Check environments against the envhub contract; exit 1 if any check fails."""
-    ids = list(registry) if check_all else list(env_ids)
+def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict[str, Any], jobs: int,
+          timeout: float | None, as_json: bool) -> None:
+    """Check environments against the envhub contract; exit 1 if any check fails.
+
+    An ENV_ID may be a shell glob ('sokoban/*'). One line is printed per env as it finishes; then
+    the whole report of each env that failed or could not be checked at all, or of the one env checked.
+    """
+    if check_all and env_ids:
+        raise click.UsageError("give ids or patterns, or --all, not both")
+    if check_all:
+        ids = list(registry)
+    elif any(_is_pattern(e) for e in env_ids):
+        every = list(registry)
+        ids = list(dict.fromkeys(i for e in env_ids for i in (_matching(every, [e]) if _is_pattern(e) else [e])))
+    else:
+        ids = list(dict.fromkeys(env_ids))
     if not ids:
-        raise click.UsageError("name at least one environment id, or pass --all")
+        raise click.UsageError("name at least one environment id or pattern, or pass --all")
     for env_id in ids:
         spec(env_id)  # fail fast, with suggestions, on a typo
         if env_kwargs:
@@ -521,13 +572,23 @@ def check(env_ids: tuple[str, ...], check_all: bool, fuzz: int, env_kwargs: dict
                 make(env_id, **env_kwargs).close()
             except (TypeError, ValueError) as exc:
                 raise click.ClickException(f"{env_id} refuses --env-kwarg {', '.join(env_kwargs)}: {exc}") from None
-    reports = []
-    with click.progressbar(ids, label="checking", file=sys.stderr, show_pos=True) as bar:
-        for env_id in bar:
-            reports.append(check_env(env_id, fuzz=fuzz, **env_kwargs))
+    started = time.monotonic()
+    reports = {}
+    # As each env finishes, one line: on stdout for people, on stderr under --json (stdout is the
+    # JSON). click.echo flushes, so a pipe sees each line when it is written.
+    for report in check_envs(ids, jobs=jobs, timeout=timeout, fuzz=fuzz, **env_kwargs):
+        reports[report.env_id] = report
+        click.echo(report.line(), err=as_json)
+    ordered = [reports[i] for i in ids]
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in reports] if len(reports) > 1 else reports[0].to_json(), indent=2))
+        click.echo(json.dumps([r.to_json() for r in ordered] if len(ordered) > 1 else ordered[0].to_json(), indent=2))
     else:
-        click.echo("\n\n".join(r.format() for r in reports))
-    if not all(r.ok for r in reports):
+        # Whole reports where the line is not enough: a failure, or an env nothing could be checked on.
+        details = [r for r in ordered if len(ordered) == 1 or not r.ok or all(c.skipped for c in r.results)]
+        if details:
+            click.echo("\n" + "\n\n".join(r.format() for r in details))
+        if len(ordered) > 1:
+            passed = sum(r.ok for r in ordered)
+            click.echo(f"\n{passed}/{len(ordered)} environments passed in {time.monotonic() - started:.0f} s")
+    if not all(r.ok for r in ordered):
         sys.exit(1)

@@ -148,13 +148,15 @@ class PluginHost:
         owner = self.owners.get(namespace)
         if owner is None:
             return
-        self._partial = True
+        # Restored, not reset: a plugin package's import calls this again while it loads
+        # (load_on_import), and the outer load must still defer.
+        outer, self._partial = self._partial, True
         try:
             for planned in plan:
                 if planned.dist == owner and planned.name not in self._started:
                     self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
         finally:
-            self._partial = False
+            self._partial = outer
 
     def _replay_deferred(self, name: str) -> None:
         info = self.infos.get(name)
@@ -355,6 +357,22 @@ registry.loader = host.load
 registry.namespace_loader = host.load_namespace
 registry.explain_unknown = _explain_unknown
 actions.format_loader = host.load
+
+
+def load_on_import(namespace: str) -> None:
+    """Load the plugin that owns ``namespace`` (the distribution ``envhub-<namespace>``), once.
+
+    A plugin package calls this at the end of its ``__init__``, so that importing it registers its
+    ids with envhub and with Gymnasium. That is what Gymnasium 1.x's own habits rely on, now that it
+    no longer loads other packages' environments through entry points:
+    ``gymnasium.make("envhub_frozenlake:frozenlake/FrozenLake-v0")`` (Gymnasium imports the module
+    before it looks the id up), and ``import envhub_frozenlake`` or
+    ``gymnasium.register_envs(envhub_frozenlake)`` before ``gymnasium.make("frozenlake/...")``.
+
+    Nothing loads twice: while envhub itself loads the plugin (which imports its package), or once
+    every plugin has loaded, this does nothing. ``ENVHUB_PLUGINS`` applies as for ``envhub.make``.
+    """
+    host.load_namespace(namespace)
 
 
 def load_plugins() -> None:

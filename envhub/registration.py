@@ -2,8 +2,9 @@
 
 Ids are ``namespace/Name-vN``. Plugins register specs whose entry points are ``"module:Class"``
 strings, imported only when an environment is made. Every envhub id is also registered with
-Gymnasium as its plugin loads, so ``gymnasium.make(id)`` works once envhub has loaded the plugins
-(any ``envhub.make``, ``envhub.registry`` listing, or ``envhub.load_plugins()``).
+Gymnasium as its plugin loads, so ``gymnasium.make(id)`` works once the plugin has loaded: after
+importing its package (``gymnasium.make("envhub_frozenlake:frozenlake/FrozenLake-v0")`` does that),
+any ``envhub.make`` of its namespace, an ``envhub.registry`` listing, or ``envhub.load_plugins()``.
 """
 
 from __future__ import annotations

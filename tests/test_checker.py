@@ -156,3 +156,11 @@ def test_checks_that_do_not_apply_say_skipped():
     expert = next(r for r in report.results if r.name == "expert_action is legal")
     assert report.ok and expert.skipped == "no expert"
     assert "SKIP  expert_action is legal: no expert" in report.format() and "PASS  expert_action" not in report.format()
+
+
+def test_a_report_line_names_failed_and_skipped_checks_with_the_reason():
+    from envhub.checker import CheckReport, CheckResult
+
+    report = CheckReport("a/B-v0", [CheckResult("types", True), CheckResult("expert_action is legal", True, skipped="no expert"),
+                                    CheckResult("fuzz", False, "raised KeyError")], seconds=1.5)
+    assert report.line() == "FAIL  a/B-v0  1/2 checks passed, 1 skipped: expert_action is legal (no expert); failed: fuzz (1.5 s)"

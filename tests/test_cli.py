@@ -112,11 +112,11 @@ def test_check_passes_and_prints_json():
 
 
 def test_check_takes_env_kwargs_and_refuses_bad_ones_in_one_line(monkeypatch):
-    from envhub import cli as cli_module
+    from envhub import checker
 
     seen = []
-    real = cli_module.check_env
-    monkeypatch.setattr(cli_module, "check_env", lambda env_id, **kw: seen.append(kw) or real(env_id, **kw))
+    real = checker.check_env
+    monkeypatch.setattr(checker, "check_env", lambda env_id, **kw: seen.append(kw) or real(env_id, **kw))
     result = invoke("check", "sokoban/Sokoban-v0", "--env-kwarg", "view=local", "--fuzz", "50")
     assert result.exit_code == 0 and "checks passed" in result.output
     assert seen == [{"fuzz": 50, "view": "local"}]
@@ -132,6 +132,65 @@ def test_check_exits_non_zero_with_a_readable_report(monkeypatch):
     result = CliRunner().invoke(cli, ["check", ENV, "--fuzz", "1000"])
     assert result.exit_code == 1
     assert "FAIL  expert_action is legal" in result.output and "'Jump'" in result.output
+
+
+def test_list_takes_glob_patterns_and_names_close_ids_when_none_match():
+    result = invoke("list", "sokoban/*8x8*", "frozenlake/*NotSlippery*", "--json")
+    assert [r["id"] for r in json.loads(result.output)] == [
+        "frozenlake/FrozenLake8x8NotSlippery-v0", "frozenlake/FrozenLakeNotSlippery-v0", "sokoban/Sokoban8x8-v0"]
+    result = CliRunner().invoke(cli, ["list", "sokobn/*"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "no environment id matches 'sokobn/*'; close: sokoban/*" in result.output and "Traceback" not in result.output
+
+
+def test_check_takes_patterns_and_refuses_one_that_matches_nothing():
+    result = CliRunner().invoke(cli, ["check", "frozenlake/FrozenLake8x8*", "--fuzz", "20"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("PASS")]
+    assert sorted(line.split()[1] for line in lines) == ["frozenlake/FrozenLake8x8-v0", "frozenlake/FrozenLake8x8NotSlippery-v0"]
+    assert "2/2 environments passed" in result.output
+    result = CliRunner().invoke(cli, ["check", "frozenlake/Frozen*-v9"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "no environment id matches 'frozenlake/Frozen*-v9'; close: frozenlake/" in result.output
+    result = CliRunner().invoke(cli, ["check", "--all", "sokoban/*"])
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+class _Sleeper:
+    """An entry point whose env never finishes making: what --timeout is for."""
+
+    def __call__(self, **kwargs):
+        import time
+
+        time.sleep(600)
+
+
+def test_check_timeout_fails_the_slow_env_and_the_run_goes_on():
+    import envhub
+
+    envhub.register("slowtest/Sleeps-v0", _Sleeper())
+    try:
+        result = CliRunner().invoke(cli, ["check", "slowtest/Sleeps-v0", ENV, "-j", "2", "--timeout", "20", "--fuzz", "20"])
+    finally:
+        envhub.registry.remove("slowtest/Sleeps-v0")
+    assert result.exit_code == 1, result.output
+    assert "FAIL  slowtest/Sleeps-v0  0/1 checks passed; failed: finishes within the timeout" in result.output
+    assert "not finished after 20 s (--timeout); stopped" in result.output
+    assert f"PASS  {ENV}  7/7 checks passed" in result.output and "1/2 environments passed" in result.output
+
+
+def test_check_streams_one_line_per_env_to_a_pipe_as_each_finishes():
+    script = Path(sys.executable).parent / "envhub"
+    ids = [ENV, "frozenlake/FrozenLake-v0", "sokoban/Sokoban-v0"]
+    with subprocess.Popen([str(script), "check", *ids, "-j", "1", "--timeout", "300", "--fuzz", "20"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}) as proc:
+        first = proc.stdout.readline()
+        still_running = proc.poll() is None  # the first line came while the other envs were being checked
+        rest = proc.stdout.read()
+        proc.wait(timeout=300)
+    assert first.startswith(f"PASS  {ENV}  7/7 checks passed") and still_running
+    assert proc.returncode == 0 and "3/3 environments passed" in rest and "Traceback" not in rest
 
 
 def test_installed_envhub_script_runs_in_a_subprocess():

@@ -413,3 +413,28 @@ def test_who_registers_first_in_an_unowned_namespace_does_not_depend_on_what_loa
         for host in hosts:
             for name in list(host.infos):
                 host.remove(name)
+
+
+def test_a_plugin_whose_import_asks_for_its_namespace_again_loads_once_and_still_defers(monkeypatch):
+    """What a plugin package's load_on_import does while envhub loads that plugin: nothing, and the
+    outer load of the namespace still defers registrations in namespaces nobody owns by name."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setattr(plugins, "_entry_points", _points(("fakens", "fake_owner_elsewhere", "envhub-fakens")))
+    host = plugins.PluginHost()
+    *defaults, owner = host._scan()
+    calls = []
+
+    def reentrant(loader=owner.loader):
+        calls.append(1)
+        host.load_namespace("fakens")  # as the package's __init__ does
+        return loader()
+
+    host._plan = [*defaults, dataclasses.replace(owner, loader=reentrant)]
+    try:
+        host.load_namespace("fakens")
+        info = host.infos["envhub-fakens"]
+        assert calls == [1] and info.error is None and info.env_ids == ["fakens/Echo-v0"]
+    finally:
+        for name in list(host.infos):
+            host.remove(name)
+

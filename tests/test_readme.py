@@ -40,7 +40,8 @@ def test_docs_home_block_plays_an_expert_step(capsys):
 
 
 def test_environments_page_blocks_run_in_order():
-    """The make/reset/step block, the reply block (which uses its env) and the Gymnasium block."""
+    """The make/reset/step block, the reply block (which uses its env) and the Gymnasium block (in this
+    process; tests/test_gymnasium_habits.py runs its habits in fresh ones)."""
     page = DOCS / "environments.md"
     namespace: dict = {}
     for wanted in ('envhub.make("frozenlake/FrozenLake-v0")', 'apply_reply(env, "<think>', "gymnasium.make("):
@@ -48,6 +49,7 @@ def test_environments_page_blocks_run_in_order():
         exec(compile(source, "docs/environments.md", "exec"), namespace)  # noqa: S102
     assert namespace["outcome"].info["action_is_valid"] and namespace["outcome"].parsed is not None
     assert namespace["env"].spec.id == "frozenlake/FrozenLake-v0" and namespace["env"].unwrapped.max_turns == 30
+    assert namespace["boxes"].spec.id == "sokoban/Sokoban-v0"
 
 
 def test_plugin_page_example_registers_a_passing_env(tmp_path, monkeypatch):

@@ -25,3 +25,8 @@ __all__ = [
     "generate_level",
     "solve",
 ]
+
+# Importing the package registers its ids with envhub and Gymnasium (Gymnasium 1.x loads no plugins).
+from envhub.plugins import load_on_import as _load_on_import  # noqa: E402
+
+_load_on_import("sokoban")

@@ -11,3 +11,8 @@ def __getattr__(name: str):
 
         return WebShopEnv
     raise AttributeError(f"module 'envhub_webshop' has no attribute {name!r}")
+
+# Importing the package registers its ids with envhub and Gymnasium (Gymnasium 1.x loads no plugins).
+from envhub.plugins import load_on_import as _load_on_import  # noqa: E402
+
+_load_on_import("webshop")
