@@ -135,11 +135,13 @@ def test_docs_commands_name_real_commands_and_options(page, line):
     ``[--seed N]`` and ``--model PATH|smollm2-135m`` are read for their option names)."""
     words = shlex.split(line, comments=True)[1:]
     command: click.Command = cli
-    ctx = click.Context(cli, info_name="envhub")
+    # Contexts made as click makes them (with each command's context_settings): click caches a
+    # command's help option from the first context that asks, and a bare one has no "-h".
+    ctx = click.Context(cli, info_name="envhub", **cli.context_settings)
     while isinstance(command, click.Group) and words and not words[0].startswith("-"):
         sub = command.get_command(ctx, words[0])
         assert sub is not None, f"{page}: `envhub ... {words[0]}` is not a command: {line}"
-        command, ctx, words = sub, click.Context(sub, info_name=words[0], parent=ctx), words[1:]
+        command, ctx, words = sub, click.Context(sub, info_name=words[0], parent=ctx, **sub.context_settings), words[1:]
     assert not isinstance(command, click.Group), f"{page}: {line} names a group, not a command"
     known = _options(command, ctx)
     if ctx.command_path == "envhub train":  # any config field is a flag of train (--max-steps 50)
