@@ -116,7 +116,9 @@ def _right_padded(turns: list[Any]) -> tuple[list[list[int]], torch.Tensor, torc
     return rows, ids, mask
 
 
-def reply_loss(model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[int] | None = None, top_entropy: float = 1.0) -> torch.Tensor:
+def reply_loss(
+    model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[int] | None = None, top_entropy: float = 1.0, from_move: list[int] | None = None
+) -> torch.Tensor:
     """-sum(advantage * log p(token)) over every reply token / the reply tokens (TRL's 'dapo' sum);
     with ``top_entropy`` < 1 only the tokens whose entropy is in that top share of the batch's (TRL's
     ``top_entropy_quantile``)."""
@@ -138,7 +140,11 @@ def reply_loss(model: Any, turns: list[Any], adv: torch.Tensor, move_only: set[i
         rows, ids, mask = _right_padded(chunk)
         weight = torch.zeros(ids.shape)
         for r, (t, row) in enumerate(zip(chunk, rows)):
-            if move_only is None:
+            if from_move is not None:  # from the move on, or from where the reply leaves the <answer> prefix
+                reply = list(t.completion_ids)
+                first = next((j for j, tok in enumerate(from_move) if j >= len(reply) or reply[j] != tok), len(from_move))
+                weight[r, len(t.input_ids) + first : len(row)] = adv[start + r]
+            elif move_only is None:
                 weight[r, len(t.input_ids) : len(row)] = adv[start + r]
             else:  # the move token alone; a reply without one is not trained
                 moves = [j for j, tok in enumerate(t.completion_ids) if tok in move_only]
@@ -213,6 +219,7 @@ def main() -> None:
     parser.add_argument("--name", default="sim")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--beta2", type=float, default=0.999, help="AdamW's second-moment decay")
+    parser.add_argument("--from-move", action="store_true", help="--full-reply: the loss on the tokens from the move on (a malformed reply's from where it leaves <answer>)")
     parser.add_argument("--top-entropy", type=float, default=1.0, help="--full-reply: TRL's top_entropy_quantile")
     parser.add_argument("--move-token-loss", action="store_true", help="--full-reply: the loss on the sampled move token alone (a reply without one is not trained)")
     parser.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (the trainer's max_grad_norm)")
@@ -263,7 +270,7 @@ def main() -> None:
         cut = float(np.mean([t.finish_reason == "length" for t in turns]))
         model.train()
         if a.full_reply:
-            loss = reply_loss(model, turns, adv, set(move_ids) if a.move_token_loss else None, a.top_entropy)
+            loss = reply_loss(model, turns, adv, set(move_ids) if a.move_token_loss else None, a.top_entropy, policy.prefix if a.from_move else None)
         else:  # the move token's log-probability, over the reply's tokens as the trainer's loss counts them
             chosen = log_probs(model, prompts)[torch.arange(len(turns)), actions]
             loss = -(adv * chosen).sum() / (len(turns) * (n_prefix + 1 + len(policy.suffix)))
