@@ -48,7 +48,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from view_reading import MOVES, load, states, log_probs, entropy  # noqa: E402
+from view_reading import entropy, load, log_probs, run_config, states  # noqa: E402
 
 from envhub.generation import Completion, Prompt, SamplingParams  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
@@ -192,8 +192,7 @@ def check_trainer_path(config: dict[str, Any], start: str, other: str) -> None:
             ours = logp[torch.arange(len(reply.token_ids)), torch.tensor(reply.token_ids)].numpy()
             gaps.append(float(np.abs(ours - np.array(reply.logprobs)).max()))
         print(f"vLLM's sampling log-probabilities against {weights} ({name}): largest difference {max(gaps):.2g} nats over {len(gaps)} replies")
-    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
-    args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-sim", "report_to": "none"})
+    args = run_config(config)
     with EnvGroupManager.from_settings(args.env_settings(), 8, 8, tokenizer=tokenizer) as manager:
         local, _ = pipeline.play(manager, MovePolicy(model, tokenizer), SamplingParams(), seeds=list(range(8)))
     batch = pipeline.to_rows(pipeline.gather(local, group_size=8), [{"prompt": ""} for _ in local], layout="step", decode=tokenizer.decode, row_multiple=8)
@@ -235,8 +234,7 @@ def main() -> None:
         config[k] = yaml.safe_load(v)
     torch.manual_seed(a.seed)
     model, tokenizer = load(a.start, config)
-    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
-    args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-sim", "report_to": "none"})
+    args = run_config(config)
     probe_prompts, probe_expert, _, move_ids = states(tokenizer, config, range(10**6, 10**6 + 100))
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0, betas=(0.9, a.beta2))
     groups, size = args.groups_per_step, args.num_generations

@@ -83,11 +83,16 @@ def load(folder: str, config: dict[str, Any]) -> tuple[Any, Any]:
     return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
+def run_config(config: dict[str, Any], **overrides: Any) -> EnvGRPOConfig:
+    """The run's :class:`EnvGRPOConfig` from its YAML mapping (the run-level keys left out), with ``overrides``."""
+    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
+    return EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none", **overrides})
+
+
 def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[list[int]], np.ndarray, list[str], list[int]]:
     """The prompts of random-walk episodes on ``seeds`` (each ending with ``<answer>``), the view
     expert's move in each (an index into :data:`MOVES`), the view shown, and the move tokens."""
-    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
-    args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none"})
+    args = run_config(config)
     labelled, _ = relabelled_samples(
         RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, args.env_settings(), seeds
     )
@@ -207,10 +212,9 @@ class BlindPolicy:
 
 def credit(config: dict[str, Any], batches: int) -> dict[str, Any]:
     """Each estimator's advantages on a blind policy's batches, by view and move (module docstring)."""
-    values = {k: v for k, v in config.items() if k not in ("warm_start", "tiny", "model", "targets")}
     report = {}
     for name, estimator, anchor in (("gigpo, state anchors", "gigpo", "state"), ("gigpo, context anchors", "gigpo", "context"), ("grpo", "grpo", "state")):
-        args = EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none", "advantage_estimator": estimator, "step_anchor": anchor})
+        args = run_config(config, advantage_estimator=estimator, step_anchor=anchor)
         groups, size = args.groups_per_step, args.num_generations
         advantages: dict[tuple[str, str], list[float]] = defaultdict(list)
         for b in range(batches):
