@@ -85,6 +85,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> int | None:
+    """The length of ``text`` up to and including the first of ``stop_strings`` it contains
+    (the earliest-ending one), or None when it contains none."""
+    ends = [text.find(stop) + len(stop) for stop in stop_strings if stop in text]
+    return min(ends) if ends else None
+
+
 def request_seeds(seed: int | None, count: int) -> list[int | None]:
     """Distinct per-prompt sampler seeds derived from ``seed`` (all None when ``seed`` is None).
 
@@ -112,6 +119,10 @@ class Prompt:
         tools: a tool env's tool schemas (for chat APIs that take ``tools=``), else None.
         reply_format: the reply format the env is played in (model-free generators write their
             action in it); None for ``<answer>...</answer>``.
+        reply_prefix: the start of the reply, already written for the model at the end of
+            ``token_ids`` (:class:`~envhub.prompts.PromptSettings`' ``reply_prefix``); a
+            completion is what follows it.
+        stop_strings: a completion ends as soon as its text contains one of these (kept in it).
     """
 
     token_ids: list[int]
@@ -120,6 +131,13 @@ class Prompt:
     expert_action: str | None = None
     tools: list[dict[str, Any]] | None = None
     reply_format: Any = None
+    reply_prefix: str = ""
+    stop_strings: tuple[str, ...] = ()
+
+    def continued(self, reply: str) -> str:
+        """``reply`` (a whole reply, as a model-free policy writes it) less the ``reply_prefix``
+        already written for it: the completion this prompt asks for."""
+        return reply[len(self.reply_prefix) :] if self.reply_prefix and reply.startswith(self.reply_prefix) else reply
 
 
 @dataclasses.dataclass
@@ -181,7 +199,7 @@ class _ActionGenerator:
         completions = []
         for prompt in prompts:
             action = self._action(prompt)
-            text = prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>"
+            text = prompt.continued(prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>")
             ids: list[int] = []
             if self.tokenizer is not None:
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + (self._turn_end or [])

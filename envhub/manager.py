@@ -165,6 +165,8 @@ class EnvGroupManager:
         #: Per env id: its turn limit, instructions override and renderer.
         self._per_env = self._per_env_settings(partition, per_env or {}, max_turns)
         self.tokens = ChatTokens(tokenizer) if tokenizer is not None else None
+        #: The reply prefix's token ids, at the end of every prompt (none without a tokenizer).
+        self._prefix_ids: list[int] = list(self.tokens.encode(self.prompt.reply_prefix)) if self.tokens is not None and self.prompt.reply_prefix else []
         self.executor = executor if executor is not None else InProcessExecutor()
         #: Whether this batch's prompts carry the expert's action (an argument of :meth:`reset`).
         self.expert_hints = False
@@ -300,7 +302,7 @@ class EnvGroupManager:
             slot.trajectory.system = slot.renderer.system(state.instructions if instructions is None else instructions, written_tools)
             self._observe(slot, state)
             if self.tokens is not None:
-                ids = self.tokens.prompt(self._prompt_messages(slot), slot.tools)
+                ids = self.tokens.prompt(self._prompt_messages(slot), slot.tools) + self._prefix_ids
                 slot.next_input = ids
                 slot.context = list(ids) if self.layout == "trajectory" else []
                 self._check_budget(slot)
@@ -326,10 +328,11 @@ class EnvGroupManager:
     def prompt_of(self, slot: int) -> Prompt:
         """The next prompt of the running episode of ``slot`` (the continuous rollout asks slot by slot)."""
         state = self._slots[slot]
+        prefix, stops = self.prompt.reply_prefix, self.prompt.stop_strings
         if self.tokens is None:
-            return Prompt([], self._prompt_messages(state), state.valid_actions, state.expert_action, state.tools, state.fmt)
+            return Prompt([], self._prompt_messages(state), state.valid_actions, state.expert_action, state.tools, state.fmt, prefix, stops)
         ids = state.context if self.layout == "trajectory" else state.next_input
-        return Prompt(list(ids), [], state.valid_actions, state.expert_action, state.tools, state.fmt)
+        return Prompt(list(ids), [], state.valid_actions, state.expert_action, state.tools, state.fmt, prefix, stops)
 
     def step(self, replies: Sequence[Completion | str]) -> None:
         """Apply one reply per prompt of the last ``prompts()`` call, in that order.
@@ -357,7 +360,7 @@ class EnvGroupManager:
         format (a mix may hold text and tool envs); the envs' answers in order. It changes nothing
         of the manager, so it may run in another thread (the continuous rollout's env threads)
         while this one records other answers with :meth:`apply`."""
-        texts = [r if isinstance(r, str) else r.text for r in replies]
+        texts = [self.prompt.reply_prefix + (r if isinstance(r, str) else r.text) for r in replies]
         cut: Sequence[bool] = ()
         if self.unfinished_replies == "invalid":
             cut = [not isinstance(r, str) and r.finish_reason == "length" for r in replies]
@@ -440,7 +443,7 @@ class EnvGroupManager:
                 index=len(trajectory.turns),
                 user=trajectory.pending_user,
                 observation=slot.observation,
-                reply=text,
+                reply=self.prompt.reply_prefix + text,
                 action=state.action,
                 reward=reward if valid else reward + self.format_penalty,
                 env_reward=reward,
@@ -484,12 +487,12 @@ class EnvGroupManager:
         if self.tokens is None:
             return
         if self.layout == "trajectory":
-            following = self.tokens.continuation(ids, finish, new_messages, slot.tools)
+            following = self.tokens.continuation(ids, finish, new_messages, slot.tools) + self._prefix_ids
             slot.context += ids
             slot.context += following
             slot.next_input = following
         else:
-            slot.next_input = self.tokens.prompt(self._prompt_messages(slot), slot.tools)
+            slot.next_input = self.tokens.prompt(self._prompt_messages(slot), slot.tools) + self._prefix_ids
         self._check_budget(slot)
 
     def _check_budget(self, slot: _Slot) -> None:

@@ -88,7 +88,7 @@ class HumanGenerator:
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """One typed reply per prompt."""
-        return [Completion([], [], self._ask(p), "stop") for p in prompts]
+        return [Completion([], [], p.continued(self._ask(p)), "stop") for p in prompts]
 
     def _ask(self, prompt: Prompt) -> str:
         legal = prompt.valid_actions

@@ -48,6 +48,14 @@ class PromptSettings:
         unfinished_replies: ``"parse"`` reads a reply the token limit cut off like any other;
             ``"invalid"`` refuses it (an invalid action, with the format penalty), so a policy
             cannot learn to run past its answer and leave the limit to end its turn.
+        reply_prefix: text written at the start of every reply for the model (an assistant
+            prefill, such as ``"<answer>"``): its tokens end the prompt, so they are neither
+            sampled nor trained, and the reply is read as the prefix plus what the model wrote.
+            Empty: the model writes the whole reply.
+        stop_strings: a reply ends as soon as it contains one of these (kept in the reply, as
+            vLLM's ``include_stop_str_in_output``), e.g. ``["</answer>"]``; the end-of-turn token
+            still ends a reply too. With ``reply_prefix`` ``"<answer>"`` the model samples the
+            action and the closing tag only: the format can neither drift nor take the credit.
     """
 
     instructions: str | None = None
@@ -58,7 +66,9 @@ class PromptSettings:
     history_turns: int = 2
     format_penalty: float = 0.0
     unfinished_replies: str = "parse"
-    show_turns: bool = True  # last: positional construction of the older fields keeps working
+    show_turns: bool = True  # positional construction of the older fields keeps working
+    reply_prefix: str = ""
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # The one place these rules are checked: the manager, the player and the trainer's config
@@ -66,6 +76,12 @@ class PromptSettings:
         if self.unfinished_replies not in UNFINISHED_REPLIES:
             raise ValueError(f"unfinished_replies must be one of {UNFINISHED_REPLIES}, got {self.unfinished_replies!r}")
         check_bounds(self, PROMPT_BOUNDS)
+        if not isinstance(self.reply_prefix, str):
+            raise ValueError(f"reply_prefix must be text, got {self.reply_prefix!r}")
+        stops = (self.stop_strings,) if isinstance(self.stop_strings, str) else tuple(self.stop_strings or ())
+        if not all(isinstance(stop, str) and stop for stop in stops):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
+        object.__setattr__(self, "stop_strings", stops)  # a YAML or JSON list becomes a tuple: settings stay hashable
         if self.history_turns is None:
             raise ValueError("history_turns must be >= 0, got None")
 

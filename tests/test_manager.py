@@ -422,3 +422,40 @@ def test_a_random_mapping_with_a_share_mixes_in_uniform_moves():
     assert all(moves.count(a) / 4000 == pytest.approx(0.125, abs=0.03) for a in legal if a != mapped)
     with pytest.raises(ValueError, match="between 0 and 1"):
         RandomMappingGenerator(share=1.5)
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_a_reply_prefix_ends_every_prompt_and_starts_every_reply(layout):
+    """An assistant prefill: the prompt ends with the prefix's tokens (not sampled, env-masked),
+    a model-free generator writes what follows it, and the env reads the prefix plus the reply."""
+    tokenizer = CharTokenizer()
+    prefix = tokenizer.encode("<answer>")
+    manager = EnvGroupManager(LAKE, 2, 2, seed=1, tokenizer=tokenizer, max_turns=6, layout=layout, reply_prefix="<answer>", stop_strings=["</answer>"])
+    manager.reset()
+    prompts = manager.prompts()
+    assert all(p.token_ids[-len(prefix) :] == prefix and p.reply_prefix == "<answer>" and p.stop_strings == ("</answer>",) for p in prompts)
+    trajectories = rollout(manager, RandomGenerator(seed=0, tokenizer=tokenizer))
+    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    assert turns and all(turn.action_is_valid for turn in turns)
+    for turn in turns:
+        assert turn.reply == f"<answer>{turn.action}</answer>"
+        assert tokenizer.decode(turn.completion_ids[:-1]) == f"{turn.action}</answer>"  # the prefix was not sampled
+        assert turn.input_ids[-len(prefix) :] == prefix
+    if layout == "trajectory":
+        for trajectory in trajectories:
+            sample = trajectory.sample()
+            model = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+            assert model == [t for turn in trajectory.turns for t in turn.completion_ids]
+
+
+def test_a_text_reply_continues_the_prefix():
+    tokenizer = CharTokenizer()
+    manager = EnvGroupManager(LAKE, 1, 1, seed=1, tokenizer=tokenizer, max_turns=2, reply_prefix="<answer>")
+    manager.reset()
+    manager.prompts()
+    manager.step(["Left</answer>"])  # text replies continue the prefix too
+    manager.prompts()
+    manager.step(["<answer>Left</answer>"])  # a second prefix is part of the reply: not an action
+    first, second = manager.trajectories()[0].turns
+    assert first.action_is_valid and first.reply == "<answer>Left</answer>"
+    assert not second.action_is_valid and second.reply == "<answer><answer>Left</answer>"

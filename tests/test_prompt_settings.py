@@ -66,7 +66,9 @@ def test_the_configs_prompt_fields_take_prompt_settings_defaults_and_bounds(tmp_
     config = pytest.importorskip("envhub_trl.config")
     defaults = PromptSettings()
     fields = config.EnvGRPOConfig.__dataclass_fields__
-    assert {name: fields[name].default for name in FIELDS} == dataclasses.asdict(defaults)
+    flat_defaults = {name: fields[name].default for name in FIELDS}
+    assert flat_defaults.pop("stop_strings") is None and defaults.stop_strings == ()  # a list field's default: None, read as none
+    assert flat_defaults == {k: v for k, v in dataclasses.asdict(defaults).items() if k != "stop_strings"}
     assert all(config.FIELD_BOUNDS[name] is bound for name, bound in PROMPT_BOUNDS.items())
     run = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none")
     assert run.prompt_settings() == defaults
@@ -106,3 +108,13 @@ def test_a_yaml_config_takes_a_prompt_mapping_and_flat_keys(tmp_path):
 
     runs = [EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", **load_config_file(str(path))) for path in (nested, flat)]
     assert runs[0].prompt_settings() == runs[1].prompt_settings() == PromptSettings(history_turns=1, format_penalty=-0.1)
+
+
+def test_reply_prefix_and_stop_strings_are_checked_and_kept_hashable():
+    settings = PromptSettings(reply_prefix="<answer>", stop_strings=["</answer>"])
+    assert settings.stop_strings == ("</answer>",) and hash(settings)
+    assert PromptSettings(stop_strings="</answer>").stop_strings == ("</answer>",)
+    with pytest.raises(ValueError, match="stop_strings must be non-empty strings"):
+        PromptSettings(stop_strings=["</answer>", ""])
+    with pytest.raises(ValueError, match="reply_prefix must be text"):
+        PromptSettings(reply_prefix=3)

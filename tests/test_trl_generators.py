@@ -384,6 +384,39 @@ def test_vllm_server_client_stops_at_its_stop_tokens(server, tokenizer):
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
 
 
+STOP_SAMPLING = SamplingParams(max_new_tokens=8, temperature=1.0, seed=3)  # the untrained model's greedy replies are blank
+
+
+def _stop_case(generator, tokenizer):
+    """A prompt, a stop string its seeded reply holds (a later token's text) and the reply's
+    tokens up to where that text first appears."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Turn 1"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    free = generator.generate([Prompt(prompt, [])] * 2, STOP_SAMPLING)[0]
+    pieces = [tokenizer.decode([token], skip_special_tokens=True).strip() for token in free.token_ids]
+    stop = next((piece for j, piece in enumerate(pieces) if j and piece and piece not in "".join(pieces[:j])), None)
+    assert stop, f"the tiny model's greedy reply {pieces} has a later token with text of its own"
+    ends = [k for k in range(1, len(free.token_ids) + 1) if stop in tokenizer.decode(free.token_ids[:k], skip_special_tokens=True)]
+    return Prompt(prompt, [], stop_strings=(stop,)), stop, free.token_ids[: ends[0]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["hf", "engine", "server"])
+def test_generators_stop_at_a_prompts_stop_strings_and_keep_them(which, request, tokenizer):
+    """Every generator ends a reply at the first of the prompt's stop strings, the string kept in
+    the text and its tokens in the ids (vLLM's include_stop_str_in_output), finish_reason 'stop'."""
+    if which == "server":
+        from envhub_trl.generators import VLLMServerGenerator
+
+        generator = VLLMServerGenerator(request.getfixturevalue("server").wait())
+    else:
+        generator = request.getfixturevalue(which)
+    prompt, stop, expected = _stop_case(generator, tokenizer)
+    completion = generator.generate([prompt, Prompt(prompt.token_ids, [])], STOP_SAMPLING)
+    assert completion[0].token_ids == expected and completion[0].finish_reason == "stop"
+    assert completion[0].text.endswith(stop) and len(completion[0].logprobs) == len(expected)
+    assert len(completion[1].token_ids) > len(expected)  # the other prompt has no stop string
+
+
 @pytest.mark.slow
 def test_trainer_syncs_its_weights_to_the_server(server, tiny_path, tokenizer, hf, tmp_path):
     """After an optimizer step the server samples with the trained weights (weight decay makes the step

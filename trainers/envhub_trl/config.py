@@ -9,7 +9,8 @@ Environment:
 Prompt settings (:class:`envhub.prompts.PromptSettings`, whose defaults and rules they take):
     ``prompt``, a mapping of them, or each as a flat field of its own name (an alias):
     ``instructions``, ``system_prompt``, ``action_format``, ``show_legal_actions``, ``show_turns``,
-    ``max_prompt_tokens``, ``history_turns``, ``format_penalty``, ``unfinished_replies``.
+    ``max_prompt_tokens``, ``history_turns``, ``format_penalty``, ``unfinished_replies``, ``reply_prefix``,
+    ``stop_strings``.
     :meth:`EnvGRPOConfig.prompt_settings` is the run's value, which every manager, the evaluation
     and each checkpoint (``envhub.json``) receive.
 Batches:
@@ -104,7 +105,8 @@ class EnvGRPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "The prompt settings as one mapping (envhub.prompts.PromptSettings: instructions, system_prompt, action_format, "
-            "show_legal_actions, show_turns, max_prompt_tokens, history_turns, format_penalty, unfinished_replies); each is "
+            "show_legal_actions, show_turns, max_prompt_tokens, history_turns, format_penalty, unfinished_replies, reply_prefix, "
+            "stop_strings); each is "
             "also a flat field of its own name."
         },
     )
@@ -132,6 +134,20 @@ class EnvGRPOConfig(GRPOConfig):
         metadata={
             "help": "Start every user message with the turn count ('Turn 2 of 8; 7 actions left.'). A tiny model trained from "
             "scratch can fit the expert's moves from the turn number alone and never learn to read its observation."
+        },
+    )
+    reply_prefix: str = field(
+        default=PROMPT_DEFAULTS.reply_prefix,
+        metadata={
+            "help": "Text written at the start of every reply for the model (an assistant prefill, e.g. '<answer>'): the prompt "
+            "ends with it, so it is neither sampled nor trained, and the reply is read as the prefix plus what the model wrote."
+        },
+    )
+    stop_strings: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "A reply ends as soon as it holds one of these (kept in it), e.g. ['</answer>']; with reply_prefix '<answer>' "
+            "the model samples only the action and the closing tag."
         },
     )
     max_prompt_tokens: int | None = field(
@@ -327,6 +343,8 @@ class EnvGRPOConfig(GRPOConfig):
             history_turns=self.history_turns,
             format_penalty=self.format_penalty,
             unfinished_replies=self.unfinished_replies,
+            reply_prefix=self.reply_prefix,
+            stop_strings=self.stop_strings or (),
         )
 
     def env_entries(self) -> list[EnvEntry]:

@@ -155,7 +155,11 @@ def _apply_prompt(config: Any) -> None:
         raise ValueError(f"prompt: unknown prompt settings {unknown}; known: {names}")
     for name, value in config.prompt.items():
         flat = getattr(config, name)
-        if flat != getattr(PROMPT_DEFAULTS, name) and flat != value:
+        if name == "stop_strings":  # a list, None (the field's default) or a tuple (the settings')
+            flat, value = tuple([flat] if isinstance(flat, str) else flat or ()), [value] if isinstance(value, str) else list(value or ())
+            if flat and flat != tuple(value):
+                raise ValueError(f"{name} is set twice, {list(flat)!r} as a field and {value!r} under prompt; set one of them")
+        elif flat != getattr(PROMPT_DEFAULTS, name) and flat != value:
             raise ValueError(f"{name} is set twice, {flat!r} as a field and {value!r} under prompt; set one of them")
         setattr(config, name, value)
 

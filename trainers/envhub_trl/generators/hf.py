@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from envhub.chat import stop_token_ids
-from envhub.generation import Completion, Prompt, SamplingParams
+from envhub.generation import Completion, Prompt, SamplingParams, cut_at_stop
 from envhub_trl.generators.registry import Capabilities, register_generator
 
 
@@ -132,6 +132,9 @@ class HFGenerator:
             options = {"do_sample": False, "logits_processor": [sampler], "temperature": None, "top_p": None, "top_k": None}
         elif sampling.temperature > 0:
             options.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0))
+        stops = sorted({stop for prompt in prompts for stop in prompt.stop_strings})
+        if stops:
+            options["stopping_criteria"] = [_StopStrings(self.tokenizer, width, stops)]
         output = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
@@ -150,11 +153,33 @@ class HFGenerator:
         for row in range(len(prompts)):
             ids = new[row].tolist()
             end = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), None)
+            if prompts[row].stop_strings:
+                end = _stop_end(self.tokenizer, ids[:end], prompts[row].stop_strings) or end
             finish = "stop" if end is not None else "length"
             ids = ids[:end] if end is not None else ids
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             completions.append(Completion(ids, chosen[row, : len(ids)].tolist(), text, finish))
         return completions
+
+
+def _stop_end(tokenizer: Any, ids: Sequence[int], stop_strings: Sequence[str]) -> int | None:
+    """How many of ``ids`` make a text that holds one of ``stop_strings`` (the shortest such
+    prefix), or None when their text holds none."""
+    if cut_at_stop(tokenizer.decode(list(ids), skip_special_tokens=True), stop_strings) is None:
+        return None
+    return next(k for k in range(1, len(ids) + 1) if cut_at_stop(tokenizer.decode(list(ids[:k]), skip_special_tokens=True), stop_strings) is not None)
+
+
+class _StopStrings:
+    """A stopping criterion: a row is done once its new tokens' text holds one of ``stop_strings``
+    (:func:`_stop_end` then cuts it there)."""
+
+    def __init__(self, tokenizer: Any, width: int, stop_strings: Sequence[str]):
+        self.tokenizer, self.width, self.stop_strings = tokenizer, width, list(stop_strings)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.width :], skip_special_tokens=True)
+        return torch.tensor([cut_at_stop(text, self.stop_strings) is not None for text in texts], device=input_ids.device)
 
 
 class _RowSeededSampler:

@@ -164,7 +164,9 @@ class VLLMGenerator:
                 "set the manager's max_prompt_tokens below max_model_len - max_new_tokens"
             )
 
-    def _params(self, sampling: SamplingParams, seed: int | None, **extra: Any) -> Any:
+    def _params(self, sampling: SamplingParams, seed: int | None, stop: Sequence[str] = (), **extra: Any) -> Any:
+        if stop:  # kept in the text: a reply is read with its closing tag
+            extra.update(stop=list(stop), include_stop_str_in_output=True)
         return self._vllm.SamplingParams(
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
@@ -183,7 +185,7 @@ class VLLMGenerator:
 
         for prompt in prompts:
             self._check(prompt)
-        params = [self._params(sampling, seed) for seed in request_seeds(sampling.seed, len(prompts))]
+        params = [self._params(sampling, seed, p.stop_strings) for p, seed in zip(prompts, request_seeds(sampling.seed, len(prompts)))]
         completions = []
         for start, stop in self._runs(prompts):
             outputs = self.llm.generate(
@@ -218,7 +220,7 @@ class VLLMGenerator:
             used += len(prompt.token_ids)
             request_id = f"envhub-{self._next_id}"
             self._next_id += 1
-            params = self._params(sampling, sampling.seed, output_kind=RequestOutputKind.FINAL_ONLY)
+            params = self._params(sampling, sampling.seed, prompt.stop_strings, output_kind=RequestOutputKind.FINAL_ONLY)
             internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt.token_ids)), params)
             self._running[request_id] = key
             self._aliases[internal] = request_id  # vLLM may suffix the id it reports

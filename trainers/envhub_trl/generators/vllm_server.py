@@ -123,6 +123,8 @@ class VLLMServerGenerator:
             body["seed"] = seed
         if self.stop_token_ids:
             body["stop_token_ids"] = self.stop_token_ids
+        if prompt.stop_strings:  # kept in the text: a reply is read with its closing tag
+            body.update(stop=list(prompt.stop_strings), include_stop_str_in_output=True)
         choice = self._request("POST", "/v1/completions", body)["choices"][0]
         ids = choice.get("token_ids")
         if ids is None:
