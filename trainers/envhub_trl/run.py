@@ -401,6 +401,7 @@ class TrainingRun:
         if args.keep_best_on_validation:
             selection = ValidationSelection(trainer, record.get("validation_curve", []))
             trainer.add_callback(selection)
+        tracking = self._tracking(selection)
         # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
         trainer.run_record = {
             **self.spec.record(), "evaluations": dict(self.evaluations), "before_rl": self.before_rl,
@@ -418,6 +419,29 @@ class TrainingRun:
                 self.kept["held_out_last_step"] = evaluate(trainer, "after RL, last step (not kept)")
                 selection.restore()
         self.evaluations[STAGES[2]] = evaluate(trainer, STAGES[2])
+        if tracking is not None:
+            from envhub_trl.trackers import curve_scalars, greedy_point, stage_scalars
+
+            last = {"after RL, last step (not kept)": self.kept["held_out_last_step"]} if self.kept and self.kept["held_out_last_step"] else {}
+            scalars = {k: v for stage, by_env in {**last, STAGES[2]: self.evaluations[STAGES[2]]}.items() for k, v in stage_scalars(stage, by_env).items()}
+            tracking.after_training({**scalars, **curve_scalars(greedy_point(self.evaluations[STAGES[2]], trainer.state.global_step))})
+
+    def _tracking(self, selection: Any) -> Any:
+        """With trackers (``report_to``), the callback that sends them the held-out evaluations
+        (:class:`~envhub_trl.trackers.HeldOutToTrackers`), added to the trainer, with the figures
+        before RL waiting in it (a resumed run sent those before its checkpoint); None without."""
+        from envhub_trl.trackers import HeldOutToTrackers, curve_scalars, greedy_point, report_names, stage_scalars
+
+        trainer = self.trainer
+        if not report_names(trainer.args.report_to):
+            return None
+        tracking = HeldOutToTrackers(trainer, {"held_out": self.periodic, "validation": selection})
+        if self.record is None:
+            for stage, by_env in self.evaluations.items():
+                tracking.send(stage_scalars(stage, by_env), self.before_rl)
+            tracking.send(curve_scalars(greedy_point(list(self.evaluations.values())[-1], self.before_rl)), self.before_rl)
+        trainer.add_callback(tracking)
+        return tracking
 
     def search_references(self) -> None:
         """The reference policies on the held-out seeds of each env."""
