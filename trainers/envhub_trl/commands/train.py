@@ -117,4 +117,24 @@ def train_command(
 
         click.echo(resolved_yaml(spec, output_dir), nl=False)
         return
-    print_results(train(spec, resume=resume, overwrite=overwrite, verbose=verbose), output_dir)
+    print_results(train(spec, resume=resume, overwrite=overwrite, verbose=verbose, command=_command_line(ctx, overrides, resume)), output_dir)
+
+
+def _command_line(ctx: click.Context, overrides: tuple[str, ...], resume: str | None) -> str:
+    """This command as a shell line, for the model card: the options given on the command line
+    (not their defaults), then the KEY=VALUE overrides (TRL-style flags already turned into them);
+    ``resume`` as the command read it."""
+    import shlex
+
+    from click.core import ParameterSource
+
+    words = ["envhub", "train"]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value, flag = (resume if param.name == "resume" else ctx.params.get(param.name)), param.opts[0]
+        if param.is_flag or (param.name == "resume" and value == "last"):
+            words.append(flag)
+        else:
+            words += [flag, str(value)]
+    return shlex.join([*words, *overrides])
