@@ -137,3 +137,57 @@ def test_a_tensorboard_run_writes_the_per_step_metrics_and_every_held_out_evalua
     periodic = [(p["step"], round(p["greedy"], 6)) for p in results["held_out_curve"]]
     assert [step for step, _ in periodic] == [2]
     assert found["eval/held_out/success_rate"] == [(0, round(start, 6)), *periodic, (3, round(after, 6))]
+
+
+@pytest.mark.slow
+def test_a_wandb_offline_run_logs_the_per_step_metrics_and_the_held_out_evaluations(tmp_path, monkeypatch):
+    """``report_to=wandb`` with ``WANDB_MODE=offline`` (no account, no network): the run's history
+    gets training success at each step and the held-out curve at its steps (read where W&B's run
+    takes them: its offline files are a binary log)."""
+    wandb = pytest.importorskip("wandb")
+    from wandb.sdk.wandb_run import Run
+
+    logged: list[dict] = []
+    log = Run.log
+    monkeypatch.setattr(Run, "log", lambda self, data, *a, **k: (logged.append(dict(data)), log(self, data, *a, **k))[1])
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, [
+        "train", "--env", LAKE, "--model", "tiny", "--output-dir", str(out), "--eval-episodes", "2", "max_steps=3", "eval_steps=2",
+        "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "max_turns=4", "max_turn_tokens=6",
+        "logging_steps=1", "report_to=wandb",
+    ])
+    wandb.finish()
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    steps = lambda key: [entry["train/global_step"] for entry in logged if key in entry]  # noqa: E731
+    assert steps("train/env/success_rate") == [1, 2, 3]
+    assert steps("eval/held_out/success_rate") == [0, 2, 3]
+    assert steps("eval/initial_model/greedy/success_rate") == [0] and steps("eval/after_rl/greedy/success_rate") == [3]
+
+
+@pytest.mark.slow
+def test_a_trackio_run_logs_the_held_out_evaluations_into_one_run(tmp_path, monkeypatch):
+    """``report_to=trackio``, to a local database: the held-out curve at its steps, and the figures
+    after training in the same run (named after the output folder), not a second one."""
+    trackio = pytest.importorskip("trackio")
+
+    logged: list[tuple[str, dict]] = []
+    init, log = trackio.init, trackio.log
+    names: list[str] = []
+    monkeypatch.setattr(trackio, "init", lambda *a, **k: (names.append(k.get("name")), init(*a, **k))[1])
+    monkeypatch.setattr(trackio, "log", lambda metrics, *a, **k: (logged.append(dict(metrics)), log(metrics, *a, **k))[1])
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    out = tmp_path / "my-run"
+    result = CliRunner().invoke(cli, [
+        "train", "--env", LAKE, "--model", "tiny", "--output-dir", str(out), "--eval-episodes", "2", "max_steps=3", "eval_steps=2",
+        "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "max_turns=4", "max_turn_tokens=6",
+        "logging_steps=1", "report_to=trackio",
+    ])
+    assert result.exit_code == 0, result.output
+    assert names == ["my-run", "my-run"]  # the run again after training, not a new one with a random name
+    steps = lambda key: [entry["train/global_step"] for entry in logged if key in entry]  # noqa: E731
+    assert steps("train/env/success_rate") == [1, 2, 3]
+    assert steps("eval/held_out/success_rate") == [0, 2, 3] and steps("eval/after_rl/greedy/success_rate") == [3]
