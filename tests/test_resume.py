@@ -332,7 +332,6 @@ def cli_runs(tmp_path_factory, half_expert_runs):
 def _results(folder: Path) -> dict:
     results = json.loads((folder / "results.json").read_text())
     results.pop("seconds")  # the wall clock
-    assert results.pop("command").startswith("envhub train --env")  # its output folder and --resume differ
     assert results.pop("phase_seconds")["rl"] > 0  # the RL phase's (this process's part of it)
     return results
 

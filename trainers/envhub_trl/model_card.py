@@ -29,8 +29,10 @@ def _warm_start_text(warm_start: dict[str, Any]) -> str:
     return described.describe() if described.active else "none (RL from the model as loaded)"
 
 
-def model_card(results: dict[str, Any]) -> str:
-    """The card's Markdown (with the Hub's YAML header) for the run whose results.json is ``results``."""
+def model_card(results: dict[str, Any], command: str | None = None) -> str:
+    """The card's Markdown (with the Hub's YAML header) for the run whose results.json is
+    ``results``, made by the shell line ``command`` (None: from Python). The command stays out of
+    results.json, which a resumed run writes equal to the uninterrupted run's."""
     envs = results["env_ids"]
     algorithm = results["advantage_estimator"]
     tags = ["envhub", "reinforcement-learning", algorithm, *(env.split("/")[0] for env in envs)]
@@ -59,7 +61,7 @@ def model_card(results: dict[str, Any]) -> str:
         "## How it was made",
         "",
         "```bash",
-        results.get("command") or "envhub train  # from Python: the run's config is in results.json",
+        command or "envhub train  # from Python: the run's config is in results.json",
         "```",
         "",
         "The whole configuration and every figure are in the run's `results.json`.",

@@ -245,8 +245,7 @@ def train(
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from exc
         report = RunReport.of(run, seconds=time.perf_counter() - started)
-        report.results["command"] = command
-        run.save_final(model_card(report.results))
+        run.save_final(model_card(report.results, command))
         report.results["seconds"] = time.perf_counter() - started
         report.write(Path(spec.args.output_dir), run.then)
         run.drop_last_checkpoint()

@@ -31,8 +31,8 @@ PPO's value head is saved in every checkpoint by the trainer itself (``value_hea
 config and warm start it ran with, and the held-out evaluations made before RL and during it, so
 that a resumed run's ``results.json`` holds the same figures as an uninterrupted run's, and a
 resume with another config is refused rather than silently mixing two runs. An output folder with
-checkpoints is never overwritten by a new run unless asked (:func:`prepare_output_dir`), and then
-only what ``envhub train`` wrote there goes (:func:`clear_run`).
+a finished run or checkpoints is never overwritten by a new run unless asked
+(:func:`prepare_output_dir`), and then only what ``envhub train`` wrote there goes (:func:`clear_run`).
 
 Every checkpoint is written whole or not at all (:mod:`envhub_trl.run_files`: under a staging
 name, flushed, renamed when complete, with a manifest of its files). A resume checks the
