@@ -46,7 +46,10 @@ def test_a_tracker_that_is_not_installed_is_one_line_naming_its_extra_before_any
     monkeypatch.setattr(models, "load_model_and_tokenizer", lambda *a, **k: pytest.fail("a model loaded"))
     result = CliRunner().invoke(cli, ["train", "--env", LAKE, "--output-dir", str(tmp_path / "out"), f"report_to={name}"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    assert result.output == f"Error: bad configuration: report_to={name} needs {name}, which is not installed: pip install 'envhub-trl[{name}]'\n"
+    assert result.output == (
+        f"Error: bad configuration: report_to={name} needs {name}, which is not installed: install the extra envhub-trl[{name}] "
+        f"(pip install './trainers[{name}]' in a checkout)\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -56,7 +59,7 @@ def test_an_unknown_tracker_gets_a_suggestion_and_each_of_a_list_is_checked(monk
     with pytest.raises(ValueError, match=r"report_to: no tracker 'tensorbord' \(did you mean tensorboard\?\)"):
         EnvGRPOConfig(output_dir="x", report_to="tensorbord")
     uninstalled(monkeypatch, "wandb")
-    with pytest.raises(ValueError, match=r"report_to=wandb needs wandb, which is not installed: pip install 'envhub-trl\[wandb\]'"):
+    with pytest.raises(ValueError, match=r"report_to=wandb needs wandb, which is not installed: install the extra envhub-trl\[wandb\]"):
         trackers.check_trackers(["none", "wandb"])
     for nothing in ("none", None, []):
         trackers.check_trackers(nothing)

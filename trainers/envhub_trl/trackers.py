@@ -58,7 +58,10 @@ def check_trackers(report_to: str | Sequence[str] | None) -> None:
         if name in TRACKERS:
             module, extra = TRACKERS[name]
             if importlib.util.find_spec(module) is None:
-                raise ValueError(f"report_to={name} needs {module}, which is not installed: pip install 'envhub-trl[{extra}]'")
+                raise ValueError(
+                    f"report_to={name} needs {module}, which is not installed: install the extra envhub-trl[{extra}] "
+                    f"(pip install './trainers[{extra}]' in a checkout)"
+                )
 
 
 def _slug(stage: str) -> str:
