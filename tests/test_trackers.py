@@ -112,6 +112,20 @@ def test_a_mix_sends_each_envs_figures_and_their_mean():
     }
 
 
+def test_after_rl_the_kept_policys_figures_and_the_last_ones_are_both_sent():
+    from envhub_trl.run import TrainingRun
+
+    after = {LAKE: {"greedy": {"success_rate": 0.75}}}
+    last = {LAKE: {"greedy": {"success_rate": 0.25}}}
+    run = types.SimpleNamespace(evaluations={"after RL": after}, kept={"held_out_last_step": last},
+                                trainer=types.SimpleNamespace(state=types.SimpleNamespace(global_step=9)))
+    assert TrainingRun._after_rl_scalars(run) == {
+        "eval_after_rl_last_step/greedy/success_rate": 0.25, "eval_after_rl/greedy/success_rate": 0.75, "eval_held_out/success_rate": 0.75,
+    }
+    run.kept = None
+    assert TrainingRun._after_rl_scalars(run) == {"eval_after_rl/greedy/success_rate": 0.75, "eval_held_out/success_rate": 0.75}
+
+
 @pytest.mark.slow
 def test_a_tensorboard_run_writes_the_per_step_metrics_and_every_held_out_evaluation(tmp_path):
     """``envhub train ... report_to=tensorboard``: the event files under ``runs/`` hold training

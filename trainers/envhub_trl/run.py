@@ -205,9 +205,10 @@ def train(
     returns what the uninterrupted run would have; a resume of a finished run (its results.json)
     returns its results and changes nothing. Once results.json is written, the checkpoint the
     Trainer saved at the last step goes when ``final/`` holds the same policy
-    (:meth:`TrainingRun.drop_last_checkpoint`); periodic checkpoints before it stay. ``overwrite`` removes what an earlier run wrote
-    (:func:`~envhub_trl.run_state.clear_run`) once the new run's model and envs have loaded;
-    without either, an output folder with an earlier run's checkpoints is refused.
+    (:meth:`TrainingRun.drop_last_checkpoint`); periodic checkpoints before it stay.
+    ``overwrite`` removes what an earlier run wrote (:func:`~envhub_trl.run_state.clear_run`)
+    once the new run's model and envs have loaded; without either, an output folder with a
+    finished run or an earlier run's checkpoints is refused.
 
     Raises:
         click.ClickException: for an output folder in use by another run or that cannot be used
@@ -431,11 +432,7 @@ class TrainingRun:
                 selection.restore()
         self.evaluations[STAGES[2]] = evaluate(trainer, STAGES[2])
         if tracking is not None:
-            from envhub_trl.trackers import curve_scalars, greedy_point, stage_scalars
-
-            last = {"after RL, last step (not kept)": self.kept["held_out_last_step"]} if self.kept and self.kept["held_out_last_step"] else {}
-            scalars = {k: v for stage, by_env in {**last, STAGES[2]: self.evaluations[STAGES[2]]}.items() for k, v in stage_scalars(stage, by_env).items()}
-            tracking.after_training({**scalars, **curve_scalars(greedy_point(self.evaluations[STAGES[2]], trainer.state.global_step))})
+            tracking.after_training(self._after_rl_scalars())
 
     def _tracking(self, selection: Any) -> Any:
         """With trackers (``report_to``), the callback that sends them the held-out evaluations
@@ -453,6 +450,18 @@ class TrainingRun:
             tracking.send(curve_scalars(greedy_point(list(self.evaluations.values())[-1], self.before_rl)), self.before_rl)
         trainer.add_callback(tracking)
         return tracking
+
+    def _after_rl_scalars(self) -> dict[str, float]:
+        """The held-out figures after RL as tracker scalars, with the held-out curve's last point
+        (and the last policy's figures, when validation kept another step's)."""
+        from envhub_trl.trackers import curve_scalars, greedy_point, stage_scalars
+
+        after = self.evaluations[STAGES[2]]
+        stages = {STAGES[2]: after}
+        if self.kept is not None and self.kept["held_out_last_step"] is not None:
+            stages = {"after RL, last step (not kept)": self.kept["held_out_last_step"], **stages}
+        scalars = {key: value for stage, by_env in stages.items() for key, value in stage_scalars(stage, by_env).items()}
+        return {**scalars, **curve_scalars(greedy_point(after, self.trainer.state.global_step))}
 
     def search_references(self) -> None:
         """The reference policies on the held-out seeds of each env."""

@@ -11,8 +11,9 @@ starts with ``eval_`` there, the per-step metrics under ``train/``):
   every periodic evaluation (``eval_steps``) and after RL; for a mix, the mean over its envs, and
   each env's under ``eval/held_out/<env id>/success_rate``;
 - ``eval/<stage>/<mode>/<metric>``: every figure of each held-out evaluation stage
-  (``initial_model``, ``after_warm_start``, ``after_rl``; modes ``greedy``, ``sampled``,
-  ``pass@k``), at the step it was made (a mix adds the env id after the stage);
+  (``initial_model``, ``after_warm_start``, ``after_rl``, and ``after_rl_last_step`` when
+  validation kept another step's policy; modes ``greedy``, ``sampled``, ``pass@k``), at the step it
+  was made (a mix adds the env id after the stage);
 - ``eval/validation/success_rate``: the validation curve of ``keep_best_on_validation``.
 """
 
