@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld ./trainers
+# The trainer with its TensorBoard extra (report_to: tensorboard); wandb and trackio are extras of their own.
+PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld './trainers[tensorboard]'
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test check docs demo bench bench-learning clean

@@ -214,7 +214,7 @@ def test_a_new_run_into_an_earlier_runs_checkpoints_is_refused_unless_asked(tmp_
     with pytest.raises(ResumeError, match=r"holds an unfinished run \(last checkpoint checkpoint-4.*--resume.*--overwrite"):
         run_state.prepare_output_dir(tmp_path)
     (tmp_path / "results.json").write_text("{}")
-    with pytest.raises(ResumeError, match="holds a finished run with checkpoints"):
+    with pytest.raises(ResumeError, match=r"holds a finished run \(results.json, final/, checkpoints up to checkpoint-4\): --resume .*--overwrite"):
         run_state.prepare_output_dir(tmp_path)
     with pytest.raises(ResumeError, match="give one of them"):
         run_state.prepare_output_dir(tmp_path, resume=True, overwrite=True)
@@ -223,6 +223,19 @@ def test_a_new_run_into_an_earlier_runs_checkpoints_is_refused_unless_asked(tmp_
     assert (tmp_path / "checkpoint-4").is_dir()  # the caller clears once the new run has loaded
     run_state.clear_run(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # the run's outputs gone, nothing else
+
+
+def test_a_finished_run_without_checkpoints_is_refused_naming_resume_and_overwrite(tmp_path):
+    """The checkpoint of the last step goes once the run has finished, so results.json alone says
+    that a run is there; the same command again does not replace it unasked."""
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "final").mkdir()
+    with pytest.raises(ResumeError) as refused:
+        run_state.prepare_output_dir(tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path} holds a finished run (results.json, final/): --resume prints its results without training, --overwrite starts afresh"
+    )
+    assert run_state.prepare_output_dir(tmp_path, overwrite=True) is None
 
 
 def test_a_resume_with_another_config_names_what_changed():
@@ -375,8 +388,8 @@ def test_train_command_overwrite_starts_afresh(cli_runs, tmp_path):
     fresh = CliRunner().invoke(cli, [*command, str(cut), "--overwrite", "max_steps=1", "eval_steps=null", "warm_start.steps=0"])
     assert fresh.exit_code == 0, fresh.output
     assert "resuming" not in fresh.stderr
-    assert json.loads((cut / "checkpoint-1" / run_state.RECORD_FILE).read_text())["config"]["max_steps"] == 1
-    assert _results(cut)["rl_steps"] == 1
+    assert _results(cut)["rl_steps"] == 1 and _results(cut)["config"]["max_steps"] == 1
+    assert run_state.checkpoints(cut) == []  # the earlier run's went; the new one's, at its last step, only duplicated final/
 
 
 # ---------------------------------------------------------------------------------------- finished runs, kills and full disks (issue 43)
@@ -407,18 +420,28 @@ def test_a_run_killed_while_writing_its_final_model_resumes_to_no_step_past_max_
     (the Trainer's loop trained a fourth of three) and ends with the uninterrupted run's weights."""
     from envhub.cli import cli
 
+    from envhub_trl.run import TrainingRun
+
     folder, command = cli_runs
     cut = tmp_path / "cut"
-    shutil.copytree(folder / "whole", cut)
-    shutil.rmtree(cut / "final")
-    (cut / "results.json").unlink()
+    shutil.copytree(folder / "cut", cut)
     staging = run_files.partial_path(cut / "final")
-    staging.mkdir(parents=True)
-    (staging / "model.safetensors").write_bytes(b"half a model")
+
+    def killed_writing_final(self, card=None):
+        staging.mkdir(parents=True)
+        (staging / "model.safetensors").write_bytes(b"half a model")
+        raise Killed("killed while writing final/")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TrainingRun, "save_final", killed_writing_final)
+        killed = CliRunner().invoke(cli, [*command, str(cut), "--resume"])
+    assert isinstance(killed.exception, Killed), killed.output
+    assert (cut / "checkpoint-3").is_dir() and not (cut / "results.json").exists()  # the last step's checkpoint stays until the run ends
     resumed = CliRunner().invoke(cli, [*command, str(cut), "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert f"resuming from {cut / 'checkpoint-3'}" in resumed.stderr
     assert not (cut / "checkpoint-4").exists() and not staging.parent.exists()
+    assert not (cut / "checkpoint-3").exists()  # finished: it only duplicated final/
     assert _results(cut) == _results(folder / "whole")
     assert _max_difference(_final_weights(cut), _final_weights(folder / "whole")) <= 1e-6
 

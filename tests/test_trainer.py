@@ -1140,13 +1140,16 @@ SMALL_RUN = (
 
 def _train(tmp_path, env_id, *overrides):
     from envhub.cli import cli
+    from envhub_trl.run import TrainingRun
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "run.yaml"
     config.write_text(SMALL_RUN)
     out = tmp_path / "out"
     command = ["train", "--env", env_id, "--model", "tiny", "--algo", "grpo", "--config", str(config), "--output-dir", str(out), *overrides]
-    return CliRunner().invoke(cli, command), out
+    with pytest.MonkeyPatch.context() as patch:  # _logged reads the last step's checkpoint, which a finished run removes
+        patch.setattr(TrainingRun, "drop_last_checkpoint", lambda self: None)
+        return CliRunner().invoke(cli, command), out
 
 
 def _logged(out, key):

@@ -21,6 +21,7 @@ from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, STEP_ANCHORS
 from envhub_trl.generators import BACKENDS
 from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
+from envhub_trl.trackers import check_trackers
 
 #: The prompt settings' defaults, which the config's flat prompt fields take (declared once, in PromptSettings).
 PROMPT_DEFAULTS = PromptSettings()
@@ -199,6 +200,7 @@ def check_rules(config: Any) -> None:
             f"got generator={c.generator!r}, vllm_server_url={c.vllm_server_url!r}"
         )
     _check_seeds(c)
+    check_trackers(c.report_to)  # a tracker that is not installed fails here, not once the model has loaded
     if c.use_vllm:
         raise ValueError("use_vllm is TRL's own single-turn generator; set generator='vllm' for multi-turn rollouts instead")
 

@@ -12,7 +12,9 @@ place (:meth:`RunSpec.read`), and hand it to :func:`train`:
 4. RL, with periodic held-out evaluations and validation selection where asked, then the last
    held-out evaluation;
 5. the reference policies on the same seeds;
-6. ``final/`` written whole, then results.json and the learning curve (:mod:`envhub_trl.report`).
+6. ``final/`` written whole with its model card (:mod:`envhub_trl.model_card`), then results.json
+   and the learning curve (:mod:`envhub_trl.report`); then the checkpoint of the last step goes,
+   which only duplicated ``final/``.
 
 The output folder is locked for the whole run (:mod:`envhub_trl.run_lock`), and every checkpoint,
 ``final/`` and results.json are written whole or not at all (:mod:`envhub_trl.run_files`).
@@ -185,8 +187,12 @@ def run_training(
     return train(RunSpec.from_values(values, model_name, warm_start), resume=resume, overwrite=overwrite)
 
 
-def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = False, verbose: bool = True) -> dict[str, Any]:
-    """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model).
+def train(
+    spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = False, verbose: bool = True, command: str | None = None
+) -> dict[str, Any]:
+    """Train as ``envhub train`` does and return its ``results.json`` (also written, with the model
+    and its card, ``final/README.md``, :mod:`envhub_trl.model_card`, which shows ``command``: the
+    command line that made the run, None from Python).
 
     The run evaluates on the held-out seeds before training, after the warm start and after RL,
     then plays the reference policies on the same seeds; progress goes to stderr, one line per RL
@@ -197,9 +203,12 @@ def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = 
     config's ``resume_from_checkpoint`` means the same) continues an interrupted run: the same
     model, config and warm start, the evaluations it made before its checkpoint kept, so that it
     returns what the uninterrupted run would have; a resume of a finished run (its results.json)
-    returns its results and changes nothing. ``overwrite`` removes what an earlier run wrote
-    (:func:`~envhub_trl.run_state.clear_run`) once the new run's model and envs have loaded;
-    without either, an output folder with an earlier run's checkpoints is refused.
+    returns its results and changes nothing. Once results.json is written, the checkpoint the
+    Trainer saved at the last step goes when ``final/`` holds the same policy
+    (:meth:`TrainingRun.drop_last_checkpoint`); periodic checkpoints before it stay.
+    ``overwrite`` removes what an earlier run wrote (:func:`~envhub_trl.run_state.clear_run`)
+    once the new run's model and envs have loaded; without either, an output folder with a
+    finished run or an earlier run's checkpoints is refused.
 
     Raises:
         click.ClickException: for an output folder in use by another run or that cannot be used
@@ -207,6 +216,7 @@ def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = 
             or an environment error, with the reason.
     """
     from envhub_trl import run_lock, run_state
+    from envhub_trl.model_card import model_card
     from envhub_trl.quiet import hide_library_noise
     from envhub_trl.report import RunReport
 
@@ -235,9 +245,11 @@ def train(spec: RunSpec, *, resume: str | bool | None = None, overwrite: bool = 
             run.search_references()
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from exc
-        run.save_final()
         report = RunReport.of(run, seconds=time.perf_counter() - started)
+        run.save_final(model_card(report.results, command))
+        report.results["seconds"] = time.perf_counter() - started
         report.write(Path(spec.args.output_dir), run.then)
+        run.drop_last_checkpoint()
         return report.results
 
 
@@ -401,6 +413,7 @@ class TrainingRun:
         if args.keep_best_on_validation:
             selection = ValidationSelection(trainer, record.get("validation_curve", []))
             trainer.add_callback(selection)
+        tracking = self._tracking(selection)
         # What each checkpoint keeps of this command's run (envhub_trl.run_state.save writes it).
         trainer.run_record = {
             **self.spec.record(), "evaluations": dict(self.evaluations), "before_rl": self.before_rl,
@@ -418,16 +431,48 @@ class TrainingRun:
                 self.kept["held_out_last_step"] = evaluate(trainer, "after RL, last step (not kept)")
                 selection.restore()
         self.evaluations[STAGES[2]] = evaluate(trainer, STAGES[2])
+        if tracking is not None:
+            tracking.after_training(self._after_rl_scalars())
+
+    def _tracking(self, selection: Any) -> Any:
+        """With trackers (``report_to``), the callback that sends them the held-out evaluations
+        (:class:`~envhub_trl.trackers.HeldOutToTrackers`), added to the trainer, with the figures
+        before RL waiting in it (a resumed run sent those before its checkpoint); None without."""
+        from envhub_trl.trackers import HeldOutToTrackers, curve_scalars, greedy_point, report_names, stage_scalars
+
+        trainer = self.trainer
+        if not report_names(trainer.args.report_to):
+            return None
+        tracking = HeldOutToTrackers(trainer, {"held_out": self.periodic, "validation": selection})
+        if self.record is None:
+            for stage, by_env in self.evaluations.items():
+                tracking.send(stage_scalars(stage, by_env), self.before_rl)
+            tracking.send(curve_scalars(greedy_point(list(self.evaluations.values())[-1], self.before_rl)), self.before_rl)
+        trainer.add_callback(tracking)
+        return tracking
+
+    def _after_rl_scalars(self) -> dict[str, float]:
+        """The held-out figures after RL as tracker scalars, with the held-out curve's last point
+        (and the last policy's figures, when validation kept another step's)."""
+        from envhub_trl.trackers import curve_scalars, greedy_point, stage_scalars
+
+        after = self.evaluations[STAGES[2]]
+        stages = {STAGES[2]: after}
+        if self.kept is not None and self.kept["held_out_last_step"] is not None:
+            stages = {"after RL, last step (not kept)": self.kept["held_out_last_step"], **stages}
+        scalars = {key: value for stage, by_env in stages.items() for key, value in stage_scalars(stage, by_env).items()}
+        return {**scalars, **curve_scalars(greedy_point(after, self.trainer.state.global_step))}
 
     def search_references(self) -> None:
         """The reference policies on the held-out seeds of each env."""
         self.searched = {e.env_id: references(self.trainer, e) for e in self.spec.args.env_entries()}
 
-    def save_final(self) -> None:
+    def save_final(self, card: str | None = None) -> None:
         """``final/``, written whole or not at all (a LoRA run's merged model, which loads
-        without PEFT, instead of the adapter alone)."""
+        without PEFT, instead of the adapter alone), with the model ``card`` as its README.md."""
         from envhub_trl import run_files, run_state
         from envhub_trl.lora import merged_model
+        from envhub_trl.model_card import CARD_FILE
 
         trainer, out = self.trainer, Path(self.spec.args.output_dir)
         last = run_state.last_checkpoint(out)
@@ -440,5 +485,21 @@ class TrainingRun:
                     for name in ("adapter_model.safetensors", "adapter_config.json"):
                         (final / name).unlink(missing_ok=True)
                     merged_model(trainer.accelerator.unwrap_model(trainer.model)).save_pretrained(str(final))
+                if card is not None:
+                    (final / CARD_FILE).write_text(card, encoding="utf-8")
         except EnvhubError as exc:
             raise click.ClickException(str(exc)) from None
+
+    def drop_last_checkpoint(self) -> None:
+        """Remove the checkpoint of the run's last step (the Trainer saves one when training ends,
+        with ``save_strategy: steps``) once ``final/`` and results.json hold the run: it only
+        duplicates ``final/``, and a resume of a finished run reads results.json. It stays when
+        validation selection put another step's policy in ``final/`` (it then holds the last one)."""
+        from envhub_trl import run_files, run_state
+
+        last = run_state.last_checkpoint(self.spec.args.output_dir)
+        if last is None or last.name != f"checkpoint-{self.trainer.state.global_step}":
+            return
+        if self.kept is not None and self.kept["step"] != self.kept["last_step"]:
+            return
+        run_files.remove_folder(last)

@@ -65,6 +65,18 @@ def discard_partial(path: str | Path) -> None:
     shutil.rmtree(partial_path(path).parent, ignore_errors=True)
 
 
+def remove_folder(path: str | Path) -> None:
+    """Remove the folder ``path`` so that no reader sees it half-removed: it is renamed to its
+    staging name first (which :func:`envhub_trl.run_state.remove_partials` clears if this is cut
+    short), then deleted."""
+    path = Path(path)
+    aside = path.parent / f"{PARTIAL_PREFIX}{path.name}"
+    shutil.rmtree(aside, ignore_errors=True)
+    path.rename(aside)
+    _fsync(path.parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def folder_bytes(folder: str | Path) -> int:
     """The size of the files under ``folder``, in bytes (0 for no folder)."""
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())

@@ -31,8 +31,8 @@ PPO's value head is saved in every checkpoint by the trainer itself (``value_hea
 config and warm start it ran with, and the held-out evaluations made before RL and during it, so
 that a resumed run's ``results.json`` holds the same figures as an uninterrupted run's, and a
 resume with another config is refused rather than silently mixing two runs. An output folder with
-checkpoints is never overwritten by a new run unless asked (:func:`prepare_output_dir`), and then
-only what ``envhub train`` wrote there goes (:func:`clear_run`).
+a finished run or checkpoints is never overwritten by a new run unless asked
+(:func:`prepare_output_dir`), and then only what ``envhub train`` wrote there goes (:func:`clear_run`).
 
 Every checkpoint is written whole or not at all (:mod:`envhub_trl.run_files`: under a staging
 name, flushed, renamed when complete, with a manifest of its files). A resume checks the
@@ -189,14 +189,19 @@ def finished_results(output_dir: str | Path) -> dict[str, Any] | None:
 
 
 def describe_run(output_dir: str | Path) -> str | None:
-    """What an earlier run left in ``output_dir`` that a new run would overwrite, in words; None
-    when it holds no checkpoint (a run without checkpoints has nothing to resume)."""
+    """Why a new run may not start in ``output_dir``, naming the flags that say what to do with the
+    earlier one there; None when it holds neither results.json nor a checkpoint (an unfinished run
+    without checkpoints has nothing to resume)."""
     found = last_checkpoint(output_dir)
+    if (Path(output_dir) / RESULTS_FILE).is_file():
+        kept = f", checkpoints up to {found.name}" if found is not None else ""
+        return (
+            f"{output_dir} holds a finished run ({RESULTS_FILE}, final/{kept}): --resume prints its results without training, "
+            "--overwrite starts afresh"
+        )
     if found is None:
         return None
-    if (Path(output_dir) / RESULTS_FILE).is_file():
-        return f"a finished run with checkpoints (last {found.name})"
-    return f"an unfinished run (last checkpoint {found.name}, no {RESULTS_FILE})"
+    return f"{output_dir} holds an unfinished run (last checkpoint {found.name}, no {RESULTS_FILE}): add --resume to continue it, or --overwrite to start afresh"
 
 
 def prepare_output_dir(
@@ -207,8 +212,9 @@ def prepare_output_dir(
     run's outputs (:func:`clear_run`) once the new run has loaded.
 
     ``resume`` (and ``say``) are as :func:`resolve_resume` takes them. Without ``resume`` or
-    ``overwrite``, a folder that holds an earlier run's checkpoints is refused: a new run would
-    write its checkpoints among them, and a later resume would pick up the wrong run.
+    ``overwrite``, a folder that holds a finished run (results.json) or an earlier run's
+    checkpoints is refused: a new run would replace the finished one's results, or write its
+    checkpoints among the earlier ones, and a later resume would pick up the wrong run.
 
     Raises:
         ResumeError: for both flags, a checkpoint that cannot be resumed, or a folder that holds a run.
@@ -221,7 +227,7 @@ def prepare_output_dir(
     if checkpoint is None:
         earlier = describe_run(output_dir)
         if earlier is not None:
-            raise ResumeError(f"{output_dir} holds {earlier}: add --resume to continue it, or --overwrite to start afresh")
+            raise ResumeError(earlier)
     return checkpoint
 
 

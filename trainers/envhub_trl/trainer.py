@@ -394,6 +394,12 @@ class EnvGRPOTrainer(TRLBridge):
             run_state.restore(self, checkpoint)
         return super().train(str(checkpoint) if checkpoint is not None else None, *args, **kwargs)
 
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Write no card: TRL writes its own into ``output_dir`` at every checkpoint, naming the
+        base model "None" for a model that is not a hub id, and nothing of the env. ``envhub
+        train`` writes the model's card, ``final/README.md``, from results.json instead
+        (:mod:`envhub_trl.model_card`)."""
+
     def on_checkpoint(self, folder: Path) -> None:
         """envhub's run state (:func:`envhub_trl.run_state.save`) in every checkpoint."""
         run_state.save(self, folder)

@@ -4,9 +4,10 @@ The run leaves in ``--output-dir``: the trained model and tokenizer (``final/``)
 curve (``learning_curve.png``), and ``results.json`` with every evaluation and the config. With
 checkpoints (``save_strategy: steps``), ``--resume`` continues a run from its last
 ``checkpoint-N`` (or a named one) to the figures the uninterrupted run would have given
-(:mod:`envhub_trl.run_state`); a new run into a folder that holds an earlier run's checkpoints is
-refused unless ``--resume`` or ``--overwrite`` says what to do with them. One run at a time may
-use an output folder, and what it writes there is whole or absent, never half-written.
+(:mod:`envhub_trl.run_state`); a new run into a folder that holds a finished run or an earlier
+run's checkpoints is refused unless ``--resume`` or ``--overwrite`` says what to do with them. One
+run at a time may use an output folder, and what it writes there is whole or absent, never
+half-written. ``final/README.md`` is the model's card, with this command's line.
 
 The run itself is :mod:`envhub_trl.run` (a :class:`~envhub_trl.run.RunSpec` and its stages) and
 its outcome :mod:`envhub_trl.report`; this module is the command line only.
@@ -85,8 +86,8 @@ def train_command(
 
     With checkpoints (save_strategy: steps), --resume continues an interrupted run to the figures
     the uninterrupted one would have given, from its last whole checkpoint; a new run into a folder
-    that holds an earlier run's checkpoints is refused unless --resume or --overwrite is given, and
-    one run at a time may use a folder."""
+    that holds a finished run or an earlier run's checkpoints is refused unless --resume or
+    --overwrite is given, and one run at a time may use a folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from envhub_trl.config import EnvGRPOConfig
     from envhub_trl.config_file import ConfigError, flags_as_overrides
@@ -117,4 +118,24 @@ def train_command(
 
         click.echo(resolved_yaml(spec, output_dir), nl=False)
         return
-    print_results(train(spec, resume=resume, overwrite=overwrite, verbose=verbose), output_dir)
+    print_results(train(spec, resume=resume, overwrite=overwrite, verbose=verbose, command=_command_line(ctx, overrides, resume)), output_dir)
+
+
+def _command_line(ctx: click.Context, overrides: tuple[str, ...], resume: str | None) -> str:
+    """This command as a shell line, for the model card: the options given on the command line
+    (not their defaults), then the KEY=VALUE overrides (TRL-style flags already turned into them);
+    ``resume`` as the command read it."""
+    import shlex
+
+    from click.core import ParameterSource
+
+    words = ["envhub", "train"]
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or param.name is None or ctx.get_parameter_source(param.name) != ParameterSource.COMMANDLINE:
+            continue
+        value, flag = (resume if param.name == "resume" else ctx.params.get(param.name)), param.opts[0]
+        if param.is_flag or (param.name == "resume" and value == "last"):
+            words.append(flag)
+        else:
+            words += [flag, str(value)]
+    return shlex.join([*words, *overrides])
