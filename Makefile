@@ -43,7 +43,7 @@ docs: setup
 
 # The training demo: SFT warm start then GiGPO on FrozenLake from the tiny model, held-out success before/after.
 demo: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output
+	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --overwrite
 
 # Every benchmark but the learning one; each prints its figures and writes bench/results/NAME.json.
 # The Sokoban ones build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).
