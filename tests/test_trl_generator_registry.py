@@ -142,3 +142,33 @@ def test_a_locally_synced_generator_gets_the_weights_once_per_step(tmp_path):
     trainer.state.global_step += 1
     trainer.generator
     assert Copying.loads == 2
+
+
+def test_envhub_eval_plays_with_a_plugins_generator_that_loads_a_folder(tmp_path):
+    """`envhub eval --generator NAME` takes any registered generator with a from_path, and names
+    the ones it could take (before any model loads) when NAME has none."""
+    import json
+
+    from click.testing import CliRunner
+
+    from envhub.cli import cli as main
+
+    loaded = []
+
+    def from_path(path, **kwargs):
+        loaded.append(path)
+        return ExpertGenerator(tokenizer=AutoTokenizer.from_pretrained(path))
+
+    from transformers import AutoTokenizer
+
+    register_generator("folder-expert", from_path=from_path)(lambda model, tokenizer, args: None)
+    try:
+        path, _ = save_tiny_lake_model(tmp_path / "model")
+        result = CliRunner().invoke(main, ["eval", "frozenlake/FrozenLakeNotSlippery-v0", "--model", str(path), "--generator", "folder-expert",
+                                           "--episodes", "4", "--json"])
+        assert result.exit_code == 0, result.output
+        assert loaded == [str(path)] and json.loads(result.output.splitlines()[-1])["success_rate"] == 1.0
+        result = CliRunner().invoke(main, ["eval", "frozenlake/FrozenLakeNotSlippery-v0", "--model", str(path), "--generator", "vllm-server"])
+        assert result.exit_code == 2 and "'vllm-server' cannot load a model folder; choose one of folder-expert, hf, vllm" in result.output
+    finally:
+        BACKENDS.pop("folder-expert")

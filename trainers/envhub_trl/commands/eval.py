@@ -20,8 +20,9 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds, reference_
 @click.option("--model", "model_path", required=True, help="tiny, smollm2-135m, a Hugging Face model folder or a hub id.")
 @click.option("--episodes", default=None, type=click.IntRange(min=1),
               help="Episodes to play, one seed each (default: as many as the run's held-out evaluation, else 32).")
-@click.option("--generator", "kind", type=click.Choice(["hf", "vllm"]), default=None,
-              help="Sample with transformers or vLLM (default: the backend the run trained with, else hf).")
+@click.option("--generator", "kind", default=None, callback=lambda ctx, param, value: _loader(value),
+              help="A generator that loads a model folder: hf (transformers), vllm, or one a plugin registered "
+              "(default: the backend the run trained with, else hf).")
 @click.option("--seed", default=None, type=click.IntRange(min=0),
               help="Base seed of the episodes' seeds (default: the run's held-out seeds, else 0).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn limit (default: the trained one, else the env's).")
@@ -95,6 +96,18 @@ def eval_command(
     if extra.get("open_loop_actions") is not None:
         search = "exhaustive search" if extra["open_loop_exhaustive"] else "beam search, a lower estimate"
         click.echo(f"open-loop sequence   {', '.join(extra['open_loop_actions'])} ({search})")
+
+
+def _loader(kind: str | None) -> str | None:
+    """``--generator``'s value, checked before anything loads: a registered generator that can
+    load a model folder (``from_path``)."""
+    if kind is None:
+        return None
+    from envhub_trl.generators import loaders
+
+    if kind not in loaders():
+        raise click.BadParameter(f"{kind!r} cannot load a model folder; choose one of {', '.join(loaders())}")
+    return kind
 
 
 def _trained_on(path: str) -> TrainedOn:

@@ -17,6 +17,7 @@ from envhub_trl.generators.registry import BACKENDS, Capabilities, backend, capa
 
 __all__ = [
     "BACKENDS",
+    "loaders",
     "Capabilities",
     "HFGenerator",
     "VLLMGenerator",
@@ -38,10 +39,14 @@ def make_generator(kind: str, model: str, env_ids: Sequence[str] | None = None, 
     return load_generator(kind, resolve_model(model, env_ids, seed), **kwargs)
 
 
+def loaders() -> list[str]:
+    """The registered generators that can load a model folder (``from_path``), sorted."""
+    return sorted(name for name, b in BACKENDS.items() if b.from_path is not None)
+
+
 def load_generator(kind: str, path: str, **kwargs: Any) -> Generator:
     """Build the generator backend ``kind`` for a model folder or hub id ``path`` already resolved
     (:func:`envhub_trl.models.resolve_model`), so that a command resolves its model once."""
-    loaders = sorted(name for name, b in BACKENDS.items() if b.from_path is not None)
-    if kind not in loaders:
-        raise ValueError(f"generator {kind!r} cannot load a model folder; choose one of {', '.join(loaders)}")
+    if kind not in loaders():
+        raise ValueError(f"generator {kind!r} cannot load a model folder; choose one of {', '.join(loaders())}")
     return backend(kind).from_path(path, **kwargs)
