@@ -223,13 +223,12 @@ class EnvGRPOTrainer(TRLBridge):
         index = self.accelerator.process_index
         position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
         seed = np.random.SeedSequence([self.args.seed, *position])
-        return SamplingParams(
-            max_new_tokens=self.args.max_turn_tokens,
-            temperature=self.args.temperature,
-            top_p=self.args.top_p,
-            top_k=self.args.top_k or 0,
-            seed=int(seed.generate_state(1)[0] & 0x3FFFFFFF),
-        )
+        return self.sampling(self.args.temperature, int(seed.generate_state(1)[0] & 0x3FFFFFFF))
+
+    def sampling(self, temperature: float, seed: int | None) -> SamplingParams:
+        """The run's sampling (reply budget, top-p, top-k) at ``temperature``, seeded with ``seed``."""
+        args = self.args
+        return SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=seed)
 
     # ------------------------------------------------------------------ the stages
 
@@ -439,13 +438,7 @@ class EnvGRPOTrainer(TRLBridge):
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-        sampling = SamplingParams(
-            max_new_tokens=args.max_turn_tokens,
-            temperature=0.0 if greedy else args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k or 0,
-            seed=args.seed,
-        )
+        sampling = self.sampling(0.0 if greedy else args.temperature, args.seed)
         settings = args.env_settings(env)
         if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
             settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
