@@ -58,6 +58,7 @@ from typing import Any, Literal
 from trl import GRPOConfig
 
 from envhub.bounds import check_bounds
+from envhub.generation import SamplingParams
 from envhub.prompts import PromptSettings
 from envhub.settings import EnvSettings, TrainedOn
 from envhub_trl.config_checks import (  # noqa: F401  (FIELD_BOUNDS is read from here too)
@@ -346,6 +347,10 @@ class EnvGRPOConfig(GRPOConfig):
             reply_prefix=self.reply_prefix,
             stop_strings=self.stop_strings or (),
         )
+
+    def sampling(self, temperature: float, seed: int | None) -> SamplingParams:
+        """The run's sampling (reply budget, top-p, top-k) at ``temperature``, seeded with ``seed``."""
+        return SamplingParams(max_new_tokens=self.max_turn_tokens, temperature=temperature, top_p=self.top_p, top_k=self.top_k or 0, seed=seed)
 
     def env_entries(self) -> list[EnvEntry]:
         """The run's environments, each with its groups per generation batch and its own settings

@@ -223,12 +223,7 @@ class EnvGRPOTrainer(TRLBridge):
         index = self.accelerator.process_index
         position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
         seed = np.random.SeedSequence([self.args.seed, *position])
-        return self.sampling(self.args.temperature, int(seed.generate_state(1)[0] & 0x3FFFFFFF))
-
-    def sampling(self, temperature: float, seed: int | None) -> SamplingParams:
-        """The run's sampling (reply budget, top-p, top-k) at ``temperature``, seeded with ``seed``."""
-        args = self.args
-        return SamplingParams(max_new_tokens=args.max_turn_tokens, temperature=temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=seed)
+        return self.args.sampling(self.args.temperature, int(seed.generate_state(1)[0] & 0x3FFFFFFF))
 
     # ------------------------------------------------------------------ the stages
 
@@ -438,7 +433,7 @@ class EnvGRPOTrainer(TRLBridge):
         args = self.args
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-        sampling = self.sampling(0.0 if greedy else args.temperature, args.seed)
+        sampling = args.sampling(0.0 if greedy else args.temperature, args.seed)
         settings = args.env_settings(env)
         if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
             settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
