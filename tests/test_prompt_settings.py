@@ -118,3 +118,19 @@ def test_reply_prefix_and_stop_strings_are_checked_and_kept_hashable():
         PromptSettings(stop_strings=["</answer>", ""])
     with pytest.raises(ValueError, match="reply_prefix must be text"):
         PromptSettings(reply_prefix=3)
+
+
+def test_a_run_carries_its_reply_prefix_and_stop_strings_to_its_envs_and_its_checkpoints(tmp_path):
+    """The config's flat fields or its prompt mapping reach every env's settings, and a checkpoint's
+    envhub.json gives them back, so evaluation replies as training did."""
+    config = pytest.importorskip("envhub_trl.config")
+    from envhub.settings import TrainedOn
+
+    flat = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, reply_prefix="<answer>", stop_strings=["</answer>"])
+    nested = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, prompt={"reply_prefix": "<answer>", "stop_strings": ["</answer>"]})
+    assert flat.env_settings().prompt == nested.env_settings().prompt
+    assert flat.env_settings().prompt.stop_strings == ("</answer>",)
+    with pytest.raises(ValueError, match="stop_strings is set twice"):
+        config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, stop_strings=["</a>"], prompt={"stop_strings": ["</answer>"]})
+    TrainedOn({LAKE: flat.env_settings()}).save(tmp_path)
+    assert TrainedOn.load(tmp_path).for_env(LAKE).prompt == flat.env_settings().prompt
