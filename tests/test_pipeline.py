@@ -208,6 +208,41 @@ def grpo_batch(layout="trajectory"):
     return pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=str)
 
 
+#: A toy vocabulary: the closing tag is four tokens, as the tiny model's tokenizer spells it.
+PIECES = {1: "Right", 2: "<", 3: "/", 4: "answer", 5: ">", 6: "Ri", 7: "ght<", 8: "Up"}
+
+
+def spell(ids):
+    return "".join(PIECES.get(i, f"[{i}]") for i in ids)
+
+
+def test_stop_string_start_is_the_first_token_wholly_in_the_closing_tag():
+    from envhub_trl.rollout_batch import stop_string_start
+
+    assert stop_string_start([1, 2, 3, 4, 5], ["</answer>"], spell) == 1
+    assert stop_string_start([6, 7, 3, 4, 5], ["</answer>"], spell) == 2  # "ght<" holds the action's end: trained
+    assert stop_string_start([1, 2, 3], ["</answer>"], spell) == 3  # never closed: trained whole
+    assert stop_string_start([1, 2, 3, 4, 5], [], spell) == 5
+
+
+@pytest.mark.parametrize("layout", ["trajectory", "step"])
+def test_to_rows_leaves_each_replys_closing_tag_out_of_the_loss_mask_and_nothing_else(layout):
+    replies = ([1, 2, 3, 4, 5], [8, 2, 3])  # "Right</answer>", then "Up</" (never closed)
+    local = [
+        dataclasses.replace(t, turns=[dataclasses.replace(turn, completion_ids=ids, logprobs=[-0.5] * len(ids)) for turn, ids in zip(t.turns, replies)])
+        for t in (episode([0.0, 1.0], layout=layout), episode([0.0], layout=layout))
+    ]
+    batch = pipeline.gather(local, group_size=2)
+    whole = pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=spell)
+    cut = pipeline.to_rows(batch, rows_for(batch.local), layout=layout, decode=spell, untrained_stops=("</answer>",))
+    assert whole.samples == cut.samples  # the estimators and the token order see every reply token
+    if layout == "step":
+        assert cut.columns["env_mask"][:3] == [[1, 0, 0, 0, 0], [1, 1, 1], [1, 0, 0, 0, 0]]
+    else:  # the environment token between the turns stays 0 as well
+        assert cut.columns["env_mask"][:2] == [[1, 0, 0, 0, 0, 0, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert whole.columns["env_mask"] == [s.env_mask for s in whole.samples]
+
+
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_estimate_and_spread_put_each_episodes_grpo_advantage_on_its_model_tokens(layout):
     batch = pipeline.spread(pipeline.estimate(grpo_batch(layout), "grpo"), width=6)

@@ -151,6 +151,14 @@ class EnvGRPOConfig(GRPOConfig):
             "the model samples only the action and the closing tag."
         },
     )
+    train_stop_strings: bool = field(
+        default=False,
+        metadata={
+            "help": "Train the closing stop string's tokens with the policy loss. By default they stay out of it: the reply "
+            "format writes them, as reply_prefix writes the opening, and an advantage on them taught RL alone to play one "
+            "marginal distribution of moves whatever it saw (docs/results-rl-alone.md). Replies that never close are trained whole."
+        },
+    )
     max_prompt_tokens: int | None = field(
         default=PROMPT_DEFAULTS.max_prompt_tokens, metadata={"help": "Context budget in tokens: an episode whose next prompt is longer ends, truncated."}
     )
@@ -366,6 +374,12 @@ class EnvGRPOConfig(GRPOConfig):
         """The run's environments, each with its groups per generation batch and its own settings
         (one entry without ``envs``)."""
         return list(self._entries)
+
+    def untrained_stops(self) -> tuple[str, ...]:
+        """The stop strings the policy loss leaves out (every env's; none with ``train_stop_strings``)."""
+        if self.train_stop_strings:
+            return ()
+        return tuple(dict.fromkeys(stop for entry in self._entries for stop in self.env_settings(entry).prompt.stop_strings))
 
     def env_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
         """How training plays one env of the run (default: the first), as one value: its env

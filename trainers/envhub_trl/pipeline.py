@@ -50,6 +50,7 @@ from envhub_trl.rollout_batch import (
     token_order,
     turn_advantages,
     turn_token_values,
+    without_stop_strings,
 )
 
 #: ``collect(local_list) -> the concatenation of every process's lists`` (one process: the identity).
@@ -171,13 +172,15 @@ def to_rows(
     decode: Callable[[list[int]], str] | None = None,
     row_multiple: int = 1,
     most_rows: Callable[[int], int] = _same,
+    untrained_stops: Sequence[str] = (),
 ) -> GenerationBatch:
     """The batch as TRL rows: in the ``trajectory`` layout ``inputs`` themselves (one per episode),
     in the ``step`` layout one per sample of each episode (one per turn; one for an episode played in
     the trajectory layout, as an agent's folded session is), its ``prompt`` the decoded prompt, padded with
     masked rows (``trajectory_index`` -1) to ``most_rows(len)`` (the most any process has)
     rounded up to ``row_multiple`` (TRL groups and splits rows evenly). A set-aside episode's row
-    (trajectory layout) is such a masked row; in the step layout it has none.
+    (trajectory layout) is such a masked row; in the step layout it has none. The loss mask leaves
+    out each reply's closing stop string among ``untrained_stops`` (``train_stop_strings``).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -198,6 +201,8 @@ def to_rows(
             rows.append(dict(first_row))  # TRL writes the rollout's extra columns into each row
     batch = dataclasses.replace(batch, rows=tuple(rows), samples=tuple(samples))
     columns = batch_columns(samples)
+    if untrained_stops and decode is not None:
+        columns["env_mask"] = [without_stop_strings(s, untrained_stops, decode) if s.trajectory_index >= 0 else s.env_mask for s in samples]
     columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], batch.row_keep)]
     columns["episode_return"] = [batch.episodes[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples]
     return dataclasses.replace(batch, columns=columns)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -191,3 +191,33 @@ def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray
         turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
         out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
     return out
+
+
+def stop_string_start(completion_ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int:
+    """Where a reply's closing stop string begins, in tokens: the first of its trailing tokens that
+    lie wholly in the stop string it ends with (``len(completion_ids)`` when it ends with none). A
+    token that holds the end of the action and the start of the stop string is the action's."""
+    ids = list(completion_ids)
+    text = decode(ids)
+    starts = [text.find(stop) for stop in stop_strings if stop in text]
+    if not starts:
+        return len(ids)
+    start, k = min(starts), len(ids)
+    while k > 0 and len(decode(ids[: k - 1])) >= start:
+        k -= 1
+    return k
+
+
+def without_stop_strings(sample: Sample, stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> list[int]:
+    """``sample``'s ``env_mask`` with each reply's closing stop string (``</answer>``'s tokens) at 0:
+    the reply format writes it, as ``reply_prefix`` writes the opening, so the policy loss leaves it
+    out (``train_stop_strings``)."""
+    mask = list(sample.env_mask)
+    turns = np.asarray(sample.turn_ids, dtype=np.int64)
+    model = np.asarray(mask, dtype=bool)
+    for turn in np.unique(turns[model]):
+        positions = np.flatnonzero(model & (turns == turn))
+        first = stop_string_start([sample.completion_ids[p] for p in positions], stop_strings, decode)
+        for p in positions[first:]:
+            mask[p] = 0
+    return mask

@@ -264,7 +264,7 @@ class EnvGRPOTrainer(TRLBridge):
         multiple = math.lcm(group_size, args.steps_per_generation if mode == "train" else 1)
         batch = pipeline.to_rows(
             batch, inputs, layout=args.sample_layout if self.agents is None else "step",  # an agent's sessions: either layout
-            decode=self.processing_class.decode, row_multiple=multiple,
+            decode=self.processing_class.decode, row_multiple=multiple, untrained_stops=args.untrained_stops(),
             most_rows=lambda count: int(self.accelerator.gather(torch.tensor([count], device=device)).max()),  # over processes
         )
         output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
