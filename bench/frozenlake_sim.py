@@ -1,0 +1,299 @@
+"""RL alone on FrozenLake in seconds: the lever search for issue 40.
+
+The trainer's RL-alone run (``examples/frozenlake_rl_alone.yaml``) takes 12 minutes; this loop takes
+under two, so that a lever can be tried at several seeds before a trainer run confirms it. It keeps
+what decides the learning and drops the rest:
+
+- the game: the not-slippery 4x4 map of ``random_map`` (the env's own generator), the local view,
+  8 turns, reward 1 at the goal, a hole ends the episode, a move off the edge stays put, an invalid
+  reply costs the run's ``format_penalty`` (-0.1) and the turn;
+- the advantages: :func:`envhub_trl.advantages.gigpo_advantages` or ``grpo_advantages``, exactly as
+  the trainer computes them (anchors: the map's group and the position);
+- the step: one AdamW step a batch on ``-mean(advantage * log p(move))`` (no ratio: one update per
+  batch, which the trainer's ratio reduces to), gradient norm clipped at 1, a 10-step warm-up;
+- the policy (``--policy``): ``model``, the run's tiny transformer reading the run's real prompt
+  (system prompt, view, ``<answer>`` prefilled; checked token for token against the env's) and
+  sampling the move token from its whole vocabulary; ``mlp``, a two-layer MLP on the view's one-hot
+  features (row, column, each neighbour's tile); ``table``, one softmax per distinct view.
+
+``--start init`` (``model``) makes the format-only start first: ``--format-steps`` supervised steps
+towards the uniform distribution over the four moves on random-walk views, what
+``warm_start.demonstrator: random`` teaches. Evaluation: greedy and sampled success on 256
+validation maps (``random_map`` seeds from 5 * 10^8, which no run trains or is measured on), and the
+entropy of the four moves' distribution given the view.
+
+``--whole-reply`` trains what the trainer trained before ``train_stop_strings`` (the move and
+``</answer>``'s four tokens, each weighted alike); give it a start that knows the closing tag (a
+trainer run's warm start, ``envhub train ... max_steps=1 learning_rate=1e-12``, its ``final``).
+
+    python bench/frozenlake_sim.py --policy table --learning-rate 0.05
+    python bench/frozenlake_sim.py --policy mlp
+    python bench/frozenlake_sim.py --policy model --start init --learning-rate 5e-4 --steps 300
+    python bench/frozenlake_sim.py --policy model --start init --learning-rate 1e-4 --steps 500 --seed 1
+    python bench/frozenlake_sim.py --policy model --start WARM/final --whole-reply --steps 200 --eval-every 25
+
+Writes bench/results/frozenlake_sim/NAME.json (the arguments and the curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+import yaml
+
+from envhub_frozenlake.env import random_map
+from envhub_trl.advantages import gigpo_advantages, grpo_advantages
+
+ROOT = Path(__file__).resolve().parent
+MOVES = ("Left", "Down", "Right", "Up")
+DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))
+TILES = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
+SIDE, TURNS, P_ICE, FORMAT_PENALTY = 4, 8, 0.8, -0.1
+VALIDATION = 5 * 10**8
+RUN_CONFIG = ROOT.parent / "examples" / "frozenlake_rl_alone.yaml"
+
+
+def view(desc: tuple[str, ...], row: int, col: int) -> str:
+    """The local view as the env writes it (``FrozenLakeTextEnv._local_view``)."""
+    around = []
+    for name, (dr, dc) in zip(MOVES, DELTAS):
+        r, c = row + dr, col + dc
+        around.append(f"{name}: {TILES[desc[r][c]] if 0 <= r < SIDE and 0 <= c < SIDE else 'edge'}.")
+    return f"Row {row + 1}, column {col + 1}.\n" + " ".join(around)
+
+
+def features(text: str) -> np.ndarray:
+    """The view's one-hot features: row, column, and each neighbour's tile."""
+    head, around = text.split("\n")
+    row, col = (int(part.split()[-1].rstrip(",.")) - 1 for part in head.split(", "))
+    x = np.zeros(8 + 4 * 4, np.float32)
+    x[row], x[4 + col] = 1, 1
+    for k, clause in enumerate(around.split(". ")):
+        x[8 + 4 * k + ("ice", "hole", "goal", "edge").index(clause.split(": ")[1].rstrip("."))] = 1
+    return x
+
+
+class TablePolicy(torch.nn.Module):
+    """One softmax over the four moves per distinct view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.index: dict[str, int] = {}
+        self.logits = torch.nn.Parameter(torch.zeros(4096, 4))
+
+    def forward(self, views: list[str]) -> torch.Tensor:
+        rows = [self.index.setdefault(v, len(self.index)) for v in views]
+        return torch.log_softmax(self.logits[rows], -1)
+
+
+class MLPPolicy(torch.nn.Module):
+    """A two-layer MLP (hidden 128) on the view's one-hot features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(24, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+
+    def forward(self, views: list[str]) -> torch.Tensor:
+        return torch.log_softmax(self.net(torch.tensor(np.stack([features(v) for v in views]))), -1)
+
+
+class ModelPolicy(torch.nn.Module):
+    """The run's tiny transformer: log-probabilities over its whole vocabulary after the run's prompt."""
+
+    def __init__(self, start: str, seed: int) -> None:
+        super().__init__()
+        config = yaml.safe_load(RUN_CONFIG.read_text())
+        sys.path.insert(0, str(ROOT))
+        from view_reading import load
+
+        self.model, self.tokenizer = load(start, {**config, "seed": seed})
+        self.model.float().train()
+        self.moves = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
+        self.head, self.tail = self._template(config)
+        self.cache: dict[str, list[int]] = {}
+
+    def _template(self, config: dict[str, Any]) -> tuple[str, str]:
+        """The run's prompt around a view, taken from a real prompt of the run's manager."""
+        sys.path.insert(0, str(ROOT))
+        from view_reading import run_config
+
+        from envhub.generation import RandomGenerator
+        from envhub_trl.warm_start import relabelled_samples
+
+        samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=self.tokenizer), self.tokenizer, run_config(config).env_settings(), range(4))
+        text = self.tokenizer.decode(samples[0].prompt_ids)
+        shown = text.split("user\n", 1)[1].split("<|im_end|>", 1)[0]
+        head, tail = text.split(shown, 1)
+        for sample in samples:  # the template gives the env's prompt token for token
+            shown = self.tokenizer.decode(sample.prompt_ids).split("user\n", 1)[1].split("<|im_end|>", 1)[0]
+            if self.tokenizer.encode(head + shown + tail, add_special_tokens=False) != list(sample.prompt_ids):
+                raise SystemExit("the prompt template does not give the env's prompt token for token")
+        return head, tail
+
+    def forward(self, views: list[str]) -> torch.Tensor:
+        rows = [self.cache.setdefault(v, self.tokenizer.encode(self.head + v + self.tail, add_special_tokens=False)) for v in views]
+        width = max(map(len, rows))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row) :], mask[r, width - len(row) :] = torch.tensor(row), 1
+        return torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1)
+
+    def reply_logps(self, views: list[str], tokens: list[int]) -> tuple[torch.Tensor, int]:
+        """The summed log-probability of each reply as the trainer trains it (the sampled token, then
+        ``</answer>``'s tokens), and how many tokens that is."""
+        close = self.tokenizer.encode("</answer>", add_special_tokens=False)
+        rows = [self.cache.setdefault(v, self.tokenizer.encode(self.head + v + self.tail, add_special_tokens=False)) + [t] + close for v, t in zip(views, tokens)]
+        width = max(map(len, rows))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row) :], mask[r, width - len(row) :] = torch.tensor(row), 1
+        logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits[:, -len(close) - 2 : -1].float(), -1)
+        return logp.gather(-1, ids[:, -len(close) - 1 :, None])[..., 0].sum(-1), len(close) + 1
+
+    def move_logits(self, logp: torch.Tensor) -> torch.Tensor:
+        return logp[:, self.moves]
+
+
+def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list[list[tuple[str, int, float, tuple[int, int]]]]:
+    """Each map played once: per turn (view, token, reward, position before the move)."""
+    moves = getattr(policy, "moves", [0, 1, 2, 3])
+    where = [(0, 0)] * len(maps)
+    live = list(range(len(maps)))
+    episodes: list[list[Any]] = [[] for _ in maps]
+    for _ in range(TURNS):
+        if not live:
+            break
+        shown = [view(maps[i], *where[i]) for i in live]
+        distinct = sorted(set(shown))
+        with torch.no_grad():
+            logp = policy(distinct)
+        at = {v: k for k, v in enumerate(distinct)}
+        rows = logp[[at[v] for v in shown]]
+        tokens = rows.argmax(-1) if greedy else torch.distributions.Categorical(logits=rows).sample()
+        still = []
+        for i, text, token in zip(live, shown, tokens.tolist()):
+            (row, col), reward = where[i], 0.0
+            if token in moves:
+                dr, dc = DELTAS[moves.index(token)]
+                if 0 <= row + dr < SIDE and 0 <= col + dc < SIDE:
+                    row, col = row + dr, col + dc
+            else:
+                reward = FORMAT_PENALTY
+            tile = maps[i][row][col]
+            reward += 1.0 if tile == "G" else 0.0
+            episodes[i].append((text, token, reward, where[i]))
+            where[i] = (row, col)
+            if tile not in "HG":
+                still.append(i)
+        live = still
+    return episodes
+
+
+def evaluate(policy: Any, maps: list[tuple[str, ...]]) -> dict[str, float]:
+    policy.eval()
+    greedy, sampled = play(policy, maps, greedy=True), play(policy, maps)
+    with torch.no_grad():
+        logp = policy(sorted({turn[0] for episode in sampled for turn in episode}))
+        moves = logp if not hasattr(policy, "moves") else policy.move_logits(logp)
+        q = torch.softmax(moves, -1)
+        entropy = float(-(q * q.clamp(min=1e-12).log()).sum(-1).mean())
+    policy.train()
+    won = lambda episodes: float(np.mean([e[-1][2] > 0.5 for e in episodes]))  # noqa: E731
+    return {"greedy": won(greedy), "sampled": won(sampled), "move_entropy": entropy}
+
+
+def format_start(policy: ModelPolicy, steps: int) -> None:
+    """Supervised steps towards uniform over the four moves on random-walk views (lr 1e-3)."""
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    for k in range(steps):
+        maps = [random_map(SIDE, P_ICE, 7 * 10**8 + k * 64 + i) for i in range(64)]
+        shown = [turn[0] for episode in play(policy, maps) for turn in episode][:256]
+        loss = -policy.move_logits(policy(shown)).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def learning_rate(args: argparse.Namespace, step: int) -> float:
+    warm = min(1.0, (step + 1) / args.warmup_steps)
+    return args.learning_rate * warm * (0.5 * (1 + math.cos(math.pi * step / args.steps)) if args.schedule == "cosine" else 1.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", choices=("model", "mlp", "table"), default="model")
+    parser.add_argument("--start", default="init", help="model: a model folder, or 'init' (the format-only start made here)")
+    parser.add_argument("--format-steps", type=int, default=200)
+    parser.add_argument("--estimator", choices=("gigpo", "grpo"), default="gigpo")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
+    parser.add_argument("--warmup-steps", type=int, default=10)
+    parser.add_argument("--groups", type=int, default=8, help="maps a step")
+    parser.add_argument("--group-size", type=int, default=8, help="plays of each map")
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--whole-reply", action="store_true", help="model: train the move and </answer>'s tokens, as the trainer does")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    policy = {"table": TablePolicy, "mlp": MLPPolicy}[args.policy]() if args.policy != "model" else ModelPolicy(args.start, args.seed)
+    if args.policy == "model" and args.start == "init":
+        format_start(policy, args.format_steps)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    validation = [random_map(SIDE, P_ICE, VALIDATION + i) for i in range(256)]
+    next_map, curve, started = args.seed * 10**6, [], time.time()
+    for step in range(args.steps + 1):
+        if step % args.eval_every == 0 or step == args.steps:
+            curve.append({"step": step, **evaluate(policy, validation), "seconds": round(time.time() - started, 1)})
+            print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in curve[-1].items()), flush=True)
+        if step == args.steps:
+            break
+        maps = [random_map(SIDE, P_ICE, next_map + g) for g in range(args.groups) for _ in range(args.group_size)]
+        next_map += args.groups
+        episodes = play(policy, maps)
+        turns = [(e, t, turn) for e, episode in enumerate(episodes) for t, turn in enumerate(episode)]
+        rewards = np.array([turn[2] for _, _, turn in turns])
+        trajectory = np.array([e for e, _, _ in turns])
+        groups = np.arange(len(episodes)) // args.group_size
+        if args.estimator == "gigpo":
+            keys = np.array([f"{e // args.group_size}:{turn[3]}" for e, _, turn in turns])
+            advantages = gigpo_advantages(rewards, trajectory, np.array([t for _, t, _ in turns]), groups, keys)["advantages"]
+        else:
+            advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups)[trajectory]
+        distinct = sorted({turn[0] for _, _, turn in turns})
+        at = {v: k for k, v in enumerate(distinct)}
+        if args.whole_reply:  # as the trainer: the move and </answer>, each token weighted alike
+            logp, per_reply = policy.reply_logps([turn[0] for _, _, turn in turns], [turn[1] for _, _, turn in turns])
+            loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).sum() / (per_reply * len(turns))
+        else:
+            logp = policy(distinct)[[at[turn[0]] for _, _, turn in turns], [turn[1] for _, _, turn in turns]]
+            loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).mean()
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(args, step)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+    name = args.name or f"{args.policy}-{args.estimator}-lr{args.learning_rate:g}-{args.schedule}-seed{args.seed}"
+    out = ROOT / "results" / "frozenlake_sim" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "curve": curve}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
