@@ -125,7 +125,6 @@ class ModelPolicy(torch.nn.Module):
 
     def _template(self, config: dict[str, Any]) -> tuple[str, str]:
         """The run's prompt around a view, taken from a real prompt of the run's manager."""
-        sys.path.insert(0, str(ROOT))
         from view_reading import run_config
 
         from envhub.generation import RandomGenerator

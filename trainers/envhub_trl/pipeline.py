@@ -202,7 +202,7 @@ def to_rows(
     batch = dataclasses.replace(batch, rows=tuple(rows), samples=tuple(samples))
     columns = batch_columns(samples)
     if untrained_stops and decode is not None:
-        columns["env_mask"] = [without_stop_strings(s, untrained_stops, decode) if s.trajectory_index >= 0 else s.env_mask for s in samples]
+        columns["env_mask"] = without_stop_strings(samples, untrained_stops, decode)
     columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], batch.row_keep)]
     columns["episode_return"] = [batch.episodes[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples]
     return dataclasses.replace(batch, columns=columns)

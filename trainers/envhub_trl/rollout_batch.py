@@ -208,16 +208,13 @@ def stop_string_start(completion_ids: Sequence[int], stop_strings: Sequence[str]
     return k
 
 
-def without_stop_strings(sample: Sample, stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> list[int]:
-    """``sample``'s ``env_mask`` with each reply's closing stop string (``</answer>``'s tokens) at 0:
+def without_stop_strings(samples: Sequence[Sample], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> list[list[int]]:
+    """Each sample's ``env_mask`` with each reply's closing stop string (``</answer>``'s tokens) at 0:
     the reply format writes it, as ``reply_prefix`` writes the opening, so the policy loss leaves it
-    out (``train_stop_strings``)."""
-    mask = list(sample.env_mask)
-    turns = np.asarray(sample.turn_ids, dtype=np.int64)
-    model = np.asarray(mask, dtype=bool)
-    for turn in np.unique(turns[model]):
-        positions = np.flatnonzero(model & (turns == turn))
-        first = stop_string_start([sample.completion_ids[p] for p in positions], stop_strings, decode)
-        for p in positions[first:]:
-            mask[p] = 0
-    return mask
+    out (``train_stop_strings``). Padding rows keep their mask."""
+    masks = [list(sample.env_mask) for sample in samples]
+    for row, _, positions in _turn_spans(samples):
+        reply = [samples[row].completion_ids[p] for p in positions]
+        for p in positions[stop_string_start(reply, stop_strings, decode) :]:
+            masks[row][p] = 0
+    return masks
