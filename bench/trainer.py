@@ -48,7 +48,7 @@ from envhub.trajectory import Sample
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.estimators import ESTIMATORS
-from envhub_trl.rollout_batch import token_advantages
+from envhub_trl.pipeline import token_advantages
 from envhub_trl.tiny import build_model, build_tokenizer, environment_corpus
 from envhub_trl.trainer import EnvGRPOTrainer
 

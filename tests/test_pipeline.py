@@ -12,9 +12,10 @@ import pytest
 pytest.importorskip("torch")
 
 from envhub.trajectory import Trajectory, Turn  # noqa: E402
-from envhub_trl import pipeline  # noqa: E402
+from envhub_trl import loss_inputs, pipeline  # noqa: E402
+from envhub_trl import metrics as step_metrics  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings  # noqa: E402
-from envhub_trl.rollout_batch import RolloutError  # noqa: E402
+from envhub_trl.pipeline import RolloutError  # noqa: E402
 
 
 def episode(rewards, *, layout="trajectory", reply=2, between=1, keys=None, seed=0, env_id="test/Env-v0"):
@@ -105,7 +106,7 @@ def test_a_failed_episode_is_set_aside_and_its_group_goes_on_with_the_members_le
     assert all(not any(mask) for mask, s in zip(batch.columns["env_mask"], batch.samples) if s.trajectory_index < 0)
     if layout == "trajectory":
         assert len(batch.rows) == 4 and batch.columns["episode_return"] == [1.0, None, 2.0, None]
-    metrics = pipeline.env_metrics(batch)
+    metrics = step_metrics.env_metrics(batch)
     assert metrics["env/error_rate"] == 0.5 and metrics["env/nonfinite_reward_episodes"] == 0.0
     assert metrics["env/success_rate"] == 0.0 and metrics["env/mean_turns"] == 1.5  # over the two played episodes
 
@@ -151,7 +152,7 @@ def test_a_nonfinite_reward_is_refused_naming_env_and_episode_or_dropped_and_cou
     batch = pipeline.estimate(pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory"), "grpo")
     assert np.isfinite(batch.estimate["advantages"]).all()
     assert batch.columns["episode_return"] == [1.0, None, None, 0.5]
-    metrics = pipeline.env_metrics(batch)
+    metrics = step_metrics.env_metrics(batch)
     assert metrics["env/nonfinite_reward_episodes"] == 2.0 and metrics["env/error_rate"] == 0.0
     assert np.isfinite(list(metrics.values())).all()
 
@@ -217,7 +218,7 @@ def spell(ids):
 
 
 def test_stop_string_start_is_the_first_token_wholly_in_the_closing_tag():
-    from envhub_trl.rollout_batch import stop_string_start
+    from envhub_trl.pipeline import stop_string_start
 
     assert stop_string_start([1, 2, 3, 4, 5], ["</answer>"], spell) == 1
     assert stop_string_start([6, 7, 3, 4, 5], ["</answer>"], spell) == 2  # "ght<" holds the action's end: trained
@@ -254,7 +255,7 @@ def test_estimate_and_spread_put_each_episodes_grpo_advantage_on_its_model_token
         mask = np.asarray(sample.env_mask, dtype=bool)
         np.testing.assert_allclose(batch.advantages[row, : len(mask)][mask], expected[sample.trajectory_index], rtol=1e-6)
         assert not batch.advantages[row, len(mask) :].any()  # past the row's end
-    means = pipeline.row_advantage_means(batch)
+    means = step_metrics.row_advantage_means(batch)
     np.testing.assert_allclose(means, [expected[s.trajectory_index] for s in batch.samples], rtol=1e-6)
 
 
@@ -264,8 +265,8 @@ def test_estimate_zeroes_the_turns_of_dropped_groups():
     batch = pipeline.estimate(pipeline.to_rows(batch, rows_for(batch.local), layout="trajectory"), "gigpo")
     assert batch.estimate["keep"].tolist() == [True, True, False, False]
     assert batch.estimate["advantages"][2:].tolist() == [0.0, 0.0]
-    assert pipeline.env_metrics(batch)["env/kept_fraction"] == 0.5
-    assert "env/anchor_size" in pipeline.env_metrics(batch)
+    assert step_metrics.env_metrics(batch)["env/kept_fraction"] == 0.5
+    assert "env/anchor_size" in step_metrics.env_metrics(batch)
 
 
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
@@ -304,7 +305,7 @@ def test_reinforce_plus_plus_runs_through_the_stages_with_its_kl_logged():
         pipeline.estimate(batch, "reinforce++", settings)
     batch = pipeline.estimate(pipeline.score(batch, logps=logps, ref_logps=logps - 0.2), "reinforce++", settings)
     batch = pipeline.spread(batch, width)
-    assert pipeline.estimate_metrics(batch) == {"env/kl": pytest.approx(0.2)}
+    assert step_metrics.estimate_metrics(batch) == {"env/kl": pytest.approx(0.2)}
     advantages = batch.estimate["token_advantages"]
     assert advantages.shape == (10,) and abs(advantages.mean()) < 1e-9  # whitened over the batch's tokens
 
@@ -319,18 +320,18 @@ def test_ppos_values_reach_the_turns_and_the_critic_targets():
     np.testing.assert_allclose(scored.turns.values, [0.5, 0.25, 0.125])  # episode 0's two turns, then episode 1's
     estimated = pipeline.estimate(scored, "ppo", EstimatorSettings(gamma=1.0, lam=1.0))
     np.testing.assert_allclose(estimated.estimate["returns"], [1.0, 1.0, 0.0])  # GAE(1, 1) + V: the reward to go
-    targets = pipeline.critic_targets(estimated, prompt_width=5)
+    targets = loss_inputs.critic_targets(estimated, prompt_width=5)
     assert targets["value_positions"][:, 0].tolist() == [4, 4, 4, 0]  # the turn's last prompt token
     assert targets["value_mask"][:, 0].tolist() == [1.0, 1.0, 1.0, 0.0]  # the padding row reads nothing
     np.testing.assert_allclose(targets["old_values"][:, 0].numpy(), [0.5, 0.25, 0.125, 0.0])
     np.testing.assert_allclose(targets["value_returns"][:, 0].numpy(), [1.0, 1.0, 0.0, 0.0])
-    metrics = pipeline.estimate_metrics(estimated)
+    metrics = step_metrics.estimate_metrics(estimated)
     assert metrics["critic/values_mean"] == pytest.approx(0.875 / 3) and metrics["critic/returns_mean"] == pytest.approx(2 / 3)
 
 
 def test_turn_id_matrix_is_each_completion_tokens_turn():
     batch = grpo_batch("trajectory")
-    matrix = pipeline.turn_id_matrix(batch, width=7)
+    matrix = loss_inputs.turn_id_matrix(batch, width=7)
     assert matrix[0].tolist() == [0, 0, 0, 1, 1, 0, 0]
     assert matrix[1].tolist() == [0] * 7
 
@@ -342,9 +343,9 @@ def test_choice_points_sit_before_the_first_token_of_each_valid_turns_action(lay
     decode = lambda ids: "".join(vocab.get(i, "~") for i in ids)  # noqa: E731  (prompt tokens decode to "~")
     first = {"Down": 3, "Up": 5, "Left": 6, "Right": 9, "Upper": 5}.get
     legal = ("Left", "Down", "Right", "Up")
-    assert pipeline.action_offset([1, 2, 3, 4, 8], "Down", decode) == 2
-    assert pipeline.action_offset([1, 11, 8], "Up", decode) == 1  # the token ">Up" begins it
-    assert pipeline.action_offset([1, 2, 5, 8], "Down", decode) is None
+    assert loss_inputs.action_offset([1, 2, 3, 4, 8], "Down", decode) == 2
+    assert loss_inputs.action_offset([1, 11, 8], "Up", decode) == 1  # the token ">Up" begins it
+    assert loss_inputs.action_offset([1, 2, 5, 8], "Down", decode) is None
     ep = episode([0.0, 0.0, 0.0, 0.0, 1.0], layout=layout, reply=5)
     replies = [
         ([1, 2, 3, 4, 8], "Down", True, legal),  # a choice at its "Do"
@@ -357,7 +358,7 @@ def test_choice_points_sit_before_the_first_token_of_each_valid_turns_action(lay
         ep.turns[k] = dataclasses.replace(ep.turns[k], completion_ids=ids, action=action, action_is_valid=valid, valid_actions=offered)
     batch = pipeline.to_rows(pipeline.gather([ep], group_size=1), rows_for([ep]), layout=layout, decode=decode)
     width = 3  # every prompt: 3 tokens
-    points = pipeline.choice_points(batch, width, first, decode)
+    points = loss_inputs.choice_points(batch, width, first, decode)
     mask = points["choice_mask"].bool()
     found = [
         (row, int(points["choice_positions"][row, k]), sorted(points["choice_tokens"][row, k][mask[row, k]].tolist()))

@@ -27,7 +27,8 @@ from envhub_trl.config import EnvGRPOConfig  # noqa: E402
 from envhub_trl.estimators import EstimatorSettings, TurnBatch  # noqa: E402
 from envhub.rollout import batch_columns  # noqa: E402
 from trl_helpers import HalfExpert, lake_config, spied_run  # noqa: E402
-from envhub_trl.rollout_batch import RolloutError, check_has_turns, token_advantages, turn_advantages  # noqa: E402
+from envhub_trl.estimators import turn_advantages  # noqa: E402
+from envhub_trl.pipeline import RolloutError, check_has_turns, token_advantages  # noqa: E402
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -1078,7 +1079,7 @@ def test_pass_at_k_counts_a_seed_solved_when_any_of_its_k_episodes_is():
 
 
 def test_choice_entropies_are_the_legal_first_tokens_renormalised_entropy():
-    from envhub_trl.pipeline import choice_entropies
+    from envhub_trl.loss_inputs import choice_entropies
 
     torch.manual_seed(0)
     head = torch.nn.Linear(4, 6, bias=False)
@@ -1106,7 +1107,7 @@ def test_an_entropy_floor_pulls_only_the_choices_below_it_up_to_it():
     """``action_entropy_floor``: a choice point under the floor gets the bonus's gradient, towards
     the floor; one above it gets none; without a floor every point gets the plain entropy."""
     from envhub_trl.config import EnvGRPOConfig
-    from envhub_trl.pipeline import entropy_bonus
+    from envhub_trl.loss_inputs import entropy_bonus
 
     entropy = torch.tensor([0.05, 0.2, 0.9], requires_grad=True)
     bonus = entropy_bonus(entropy, 0.3)

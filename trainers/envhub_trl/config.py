@@ -79,9 +79,8 @@ from envhub_trl.mix import EnvEntry
 class EnvGRPOConfig(GRPOConfig):
     """Configuration of :class:`~envhub_trl.trainer.EnvGRPOTrainer` (see the module docstring for the groups).
 
-    Any ``GRPOConfig`` field works too; ``num_generations`` is the group size, and
-    ``generation_batch_size`` is set from ``groups_per_step * group_size`` unless given.
-    """
+    Any ``GRPOConfig`` field works too; ``num_generations`` is the group size, and ``generation_batch_size``
+    is set from ``groups_per_step * group_size`` unless given."""
 
     env_id: str | None = field(
         default=None,
@@ -377,9 +376,8 @@ class EnvGRPOConfig(GRPOConfig):
 
     def untrained_stops(self) -> tuple[str, ...]:
         """The stop strings the policy loss leaves out (every env's; none with ``train_stop_strings``)."""
-        if self.train_stop_strings:
-            return ()
-        return tuple(dict.fromkeys(stop for entry in self._entries for stop in self.env_settings(entry).prompt.stop_strings))
+        stops = () if self.train_stop_strings else (s for entry in self._entries for s in self.env_settings(entry).prompt.stop_strings)
+        return tuple(dict.fromkeys(stops))
 
     def env_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
         """How training plays one env of the run (default: the first), as one value: its env
@@ -425,9 +423,8 @@ class EnvGRPOConfig(GRPOConfig):
         )
 
     def check_envs(self) -> None:
-        """Make (and close) each env of the run with its ``env_kwargs`` and turn limit, so that a
-        setting the env refuses stops the run before a model loads, naming the setting; otherwise
-        every episode would fail on its own and the first evaluation would report 0%.
+        """Make (and close) each env of the run with its ``env_kwargs`` and turn limit: a setting the env
+        refuses stops the run before a model loads (else every episode fails and evaluation reads 0%).
 
         Raises:
             ValueError: naming the env, its ``env_kwargs`` and the env's own reason.

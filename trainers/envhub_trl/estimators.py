@@ -203,16 +203,23 @@ def estimate(name: str, batch: TurnBatch, settings: EstimatorSettings | None = N
 
 @register("grpo")
 def grpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
-    """GRPO: each episode's return normalised within its env group, on every one of its turns."""
+    """GRPO (Shao et al., 2024, outcome supervision): each episode's return normalised within its env
+    group, on every one of its turns: ``A(τ_i) = (R(τ_i) - mean_j R(τ_j)) / F_norm``, ``F_norm`` the
+    group's std (``norm="mean_std"``) or 1 (``"mean"``)."""
     labels = scope_labels(batch, settings.norm_scope, "group")
     return {"advantages": grpo_advantages(batch.returns, labels, settings.norm)[batch.traj_index]}
 
 
 @register("gigpo")
 def gigpo(batch: TurnBatch, settings: EstimatorSettings) -> dict[str, np.ndarray]:
-    """GiGPO: ``episode_reward_weight`` x the episode-level advantage plus ``step_reward_weight`` x
-    the step-level one (discounted per-turn returns normalised within anchor groups: the same state
-    in one env group, or with ``step_anchor="context"`` the same policy input in the batch)."""
+    """GiGPO (Feng et al., 2025, arXiv:2505.10978): ``A = A^E(τ_i) + ω A^S(a_t)`` with
+    ``episode_reward_weight`` on ``A^E`` and ``ω = step_reward_weight``.
+
+    - ``A^E(τ_i) = (R(τ_i) - mean_j R(τ_j)) / F_norm`` over the env group (GRPO's);
+    - ``A^S(a_t) = (R_t - mean R_t') / F_norm`` over the turn's anchor group, ``R_t`` the
+      discounted return from turn ``t`` (``γ = step_reward_gamma``) and the anchor group the turns
+      of the env group that saw the same state (``state_key``), or with ``step_anchor="context"``
+      the same policy input anywhere in the batch."""
     if settings.step_anchor not in STEP_ANCHORS:
         raise ValueError(f"step_anchor must be one of {STEP_ANCHORS}, got {settings.step_anchor!r}")
     keys, anchor_groups = batch.state_keys, None
@@ -321,3 +328,31 @@ def ppo(batch: TurnBatch, settings: EstimatorSettings, eps: float = 1e-8) -> dic
     returns = advantages + np.asarray(batch.values, dtype=np.float64)
     labels = scope_labels(batch, settings.norm_scope, "batch")[batch.traj_index] if settings.norm_scope not in (None, "batch") else None
     return {"advantages": _whiten(advantages, eps, labels), "returns": returns}
+
+
+def turn_advantages(
+    batch: TurnBatch,
+    estimator: str,
+    settings: EstimatorSettings | None = None,
+    *,
+    keep: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Each turn's (or model token's) advantage under the registered ``estimator``
+    (:mod:`envhub_trl.estimators`), zero on the episodes the group filter dropped.
+
+    ``keep`` is the group filter's verdict per episode (:func:`~envhub_trl.advantages.select_groups`,
+    which the pipeline's screen stage applies); None keeps every episode.
+
+    Returns:
+        The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
+        of dropped groups, and ``keep`` (per episode).
+    """
+    if keep is None:
+        keep = np.ones(len(batch.returns), dtype=bool)
+    out = dict(estimate(estimator, batch, settings))
+    if "token_advantages" in out:
+        out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)
+    else:
+        out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
+    out["keep"] = keep
+    return out

@@ -9,10 +9,15 @@ gradient norm (``grad_norm``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from envhub.trajectory import Trajectory, batch_metrics
+from envhub_trl.diagnostics import learning_signal
+
+if TYPE_CHECKING:
+    from envhub_trl.pipeline import GenerationBatch
 
 
 #: The metrics logged per env of a mix too, as ``env/<env id>/<name>``.
@@ -50,4 +55,44 @@ def rollout_metrics(
     if anchor_size is not None and len(anchor_size):
         out["env/anchor_size"] = float(np.mean(anchor_size))
         out["env/singleton_anchor_rate"] = float(np.mean(np.asarray(anchor_size) == 1))
+    return out
+
+
+def row_advantage_means(batch: GenerationBatch) -> list[float]:
+    """Per row, the mean advantage over its model tokens (0 for a row without one): what the
+    completions log shows."""
+    means = []
+    for row, sample in enumerate(batch.samples):
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        means.append(float(batch.advantages[row, : len(mask)][mask].mean()) if mask.any() else 0.0)
+    return means
+
+
+def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
+    """What the estimate stage logs besides the env metrics: REINFORCE++'s mean KL (``env/kl``),
+    PPO's mean value and return (``critic/...``)."""
+    result, out = batch.estimate, {}
+    if "kl" in result:
+        out["env/kl"] = float(np.mean(result["kl"])) if len(result["kl"]) else 0.0
+    if "returns" in result and batch.turns.values is not None:
+        out["critic/values_mean"] = float(np.mean(batch.turns.values))
+        out["critic/returns_mean"] = float(np.mean(result["returns"]))
+    return out
+
+
+def signal_metrics(batch: GenerationBatch, gamma: float = 0.95) -> dict[str, float]:
+    """The batch's ``diag/`` metrics: why a run learns or stalls (:func:`~envhub_trl.diagnostics.learning_signal`)."""
+    return learning_signal(batch.played, batch.estimate.get("advantages"), gamma, batch=batch.turns)
+
+
+def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:
+    """The batch's ``env/`` metrics (:func:`~envhub_trl.metrics.rollout_metrics`) over the episodes
+    played to their end, with the share of the batch's episodes whose env failed
+    (``env/error_rate``) and the count of those set aside for a non-finite reward
+    (``env/nonfinite_reward_episodes``)."""
+    failed = sum(t.error is not None for t in batch.episodes)
+    out = {"env/error_rate": failed / len(batch.episodes), "env/nonfinite_reward_episodes": float(batch.aside.sum() - failed)}
+    if batch.played:
+        played = ~batch.aside
+        out.update(rollout_metrics(batch.played, batch.estimate["keep"][played], batch.estimate.get("anchor_size"), per_env=per_env))
     return out

@@ -1,20 +1,27 @@
-"""The trainer's stages, as plain functions over one frozen generation-batch value.
+"""The trainer's stages, as plain functions over one frozen generation-batch value, in the order they run.
 
 One generation batch goes through them in order, each returning a new :class:`GenerationBatch`
 with its own fields filled::
 
     play      a manager and a generator                     -> this process's episodes
-    gather    this process's episodes + every process's   -> episodes, turns, keep (group filter)
+    gather    this process's episodes + every process's   -> episodes, turns, keep (screen, group filter)
     to_rows   the episodes as TRL rows (either layout)      -> rows, samples, columns
     score     the model's per-token quantities             -> turns' logps / ref_logps / values
     estimate  the registered estimator                      -> per-turn (or per-token) advantages
     spread    the advantages over each row's model tokens   -> advantages (rows x completion width)
 
-``play`` makes the episodes the batch is built from. The model's forward passes (old and
-reference log-probs, the critic's values) happen in the trainer between ``to_rows`` and
-``score``, and the stages take their results as numpy arrays. Nothing here imports TRL or
-``transformers.Trainer``, so every stage is tested with batches built by hand
-(``tests/test_pipeline.py``); :mod:`envhub_trl.trl_bridge` is where the batch meets TRL.
+Each stage is followed by the helpers it alone uses. ``play`` makes the episodes the batch is built
+from. The model's forward passes (old and reference log-probs, the critic's values) happen in the
+trainer between ``to_rows`` and ``score``, and the stages take their results as numpy arrays. The
+advantages themselves are :mod:`envhub_trl.estimators`' (each names the formula it implements); what the
+trainer adds to TRL's inputs for its own loss terms (choice points, critic targets, per-turn ids)
+is in :mod:`envhub_trl.loss_inputs`, and what a step logs of a batch in :mod:`envhub_trl.metrics`.
+Nothing here imports TRL or ``transformers.Trainer``, so every stage is tested with batches built by
+hand (``tests/test_pipeline.py``); :mod:`envhub_trl.trl_bridge` is where the batch meets TRL.
+
+In the trajectory layout a TRL row is one episode: the first prompt, then every reply and the
+environment's tokens between them (``env_mask`` 0 on the latter, so they stay out of the loss); in
+the step layout a row is one turn. Advantages are per turn and spread over each turn's tokens.
 
 Several processes: ``gather`` and ``score`` take a ``collect`` callable (``accelerate``'s
 ``gather_object``; the identity on one process) and ``to_rows`` a ``most_rows`` one (the largest
@@ -24,34 +31,22 @@ row count of any process), so that each process holds the whole batch's episodes
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
+from envhub.error import EnvhubError, NonFiniteReward
 from envhub.generation import Generator, SamplingParams
 from envhub.manager import EnvGroupManager
 from envhub.rollout import RolloutStats, rollout
 from envhub.settings import LAYOUTS
-from envhub.trajectory import Sample, Trajectory, batch_columns, to_samples
+from envhub.trajectory import Sample, Trajectory, Turn, batch_columns, to_samples
 from envhub_trl.advantages import select_groups
-from envhub_trl.critic import turn_starts, value_positions
-from envhub_trl.diagnostics import learning_signal
-from envhub_trl.estimators import EstimatorSettings, TurnBatch
-from envhub_trl.metrics import rollout_metrics
-from envhub_trl.rollout_batch import (
-    check_has_turns,
-    screen,
-    set_aside,
-    spread_token_values,
-    token_advantages,
-    token_order,
-    turn_advantages,
-    turn_token_values,
-    without_stop_strings,
-)
+from envhub_trl.critic import turn_starts
+from envhub_trl.estimators import EstimatorSettings, TurnBatch, turn_advantages
+
 
 #: ``collect(local_list) -> the concatenation of every process's lists`` (one process: the identity).
 Collect = Callable[[list[Any]], list[Any]]
@@ -65,7 +60,22 @@ def _same(count: int) -> int:
     return count
 
 
+#: What training does with an episode that has a NaN or infinite reward (``nonfinite_rewards``):
+
+
+#: stop with an error naming it, or set it aside and count it.
+
+NONFINITE_REWARDS = ("refuse", "drop")
+
+
+class RolloutError(EnvhubError):
+    """A batch cannot be trained on: an episode whose first prompt is over budget, or more of its
+    episodes failed than the run allows (``max_env_error_rate``)."""
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
+
+
 class GenerationBatch:
     """One generation batch, as far as the stages have taken it.
 
@@ -76,7 +86,7 @@ class GenerationBatch:
             per-token and per-turn quantities.
         keep: per episode, whether the group filter kept it (it reads returns alone); False on
             episodes set aside.
-        aside: per episode, whether it was set aside (:func:`~envhub_trl.rollout_batch.screen`:
+        aside: per episode, whether it was set aside (:func:`~envhub_trl.pipeline.screen`:
             its env failed, or its reward was not finite): it stays in ``episodes`` without its
             turns, in an env group of its own, and its rows are masked.
         rows: this process's TRL input rows (the dataset's, or one per turn in the step layout).
@@ -142,13 +152,13 @@ def gather(
     """The batch of this process's played episodes: each gets its global index and env group (a
     group may straddle processes), every process's episodes are gathered, those whose env failed
     (or, with ``nonfinite_rewards="drop"``, whose reward was not finite) are set aside
-    (:func:`~envhub_trl.rollout_batch.screen`; their group goes on with the members left, as a
+    (:func:`~envhub_trl.pipeline.screen`; their group goes on with the members left, as a
     smaller group: one left alone, or tied, gets advantage 0 and is dropped with ``drop_tied``),
     and the group filter (RAGEN's, :func:`~envhub_trl.advantages.select_groups`) marks the groups
     it drops.
 
     Raises:
-        envhub_trl.rollout_batch.RolloutError: for an episode without a turn whose env did not fail,
+        envhub_trl.pipeline.RolloutError: for an episode without a turn whose env did not fail,
             or more failed episodes than ``max_error_rate`` allows.
         envhub.error.NonFiniteReward: for a NaN or infinite reward, with ``nonfinite_rewards="refuse"``.
     """
@@ -162,6 +172,71 @@ def gather(
     turns = TurnBatch.from_trajectories(episodes)
     keep = select_groups(turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction) & ~aside
     return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep, aside=aside)
+
+
+def check_has_turns(trajectory: Trajectory) -> None:
+    """Raise :class:`RolloutError` for an episode that ended without a single turn though its env
+    did not fail (an env that failed ends only its own episode: :func:`screen` sets it aside)."""
+    if not trajectory.turns and trajectory.error is None:
+        advice = "; raise max_prompt_tokens: the first prompt is over budget" if trajectory.end_reason == "context" else ""
+        raise RolloutError(
+            f"episode {trajectory.index} of {trajectory.env_id} (seed {trajectory.seed}) ended before its first reply "
+            f"({trajectory.end_reason}){advice}"
+        )
+
+
+def screen(episodes: Sequence[Trajectory], *, max_error_rate: float = 0.5, nonfinite_rewards: str = "refuse") -> np.ndarray:
+    """Which episodes of a gathered batch are set aside, out of every statistic and of the loss:
+    those whose env raised (they end there, recorded with the error, as ``envhub run`` records
+    them), and with ``nonfinite_rewards="drop"`` those with a NaN or infinite reward.
+
+    Raises:
+        RolloutError: when more than ``max_error_rate`` of the batch's episodes failed, naming the
+            first failure (env, seed and the env's exception).
+        NonFiniteReward: with ``nonfinite_rewards="refuse"``, for the first episode with a NaN or
+            infinite reward, naming the env, the episode and the turn.
+    """
+    if nonfinite_rewards not in NONFINITE_REWARDS:
+        raise ValueError(f"nonfinite_rewards must be one of {NONFINITE_REWARDS}, got {nonfinite_rewards!r}")
+    failed = np.array([t.error is not None for t in episodes], dtype=bool)
+    if failed.mean() > max_error_rate:
+        first = episodes[int(np.argmax(failed))]
+        raise RolloutError(
+            f"{failed.sum()} of {len(episodes)} episodes of the batch failed, more than max_env_error_rate={max_error_rate:g} allows; "
+            f"e.g. {first.env_id} (seed {first.seed}): {first.error}"
+        )
+    nonfinite = np.array([not fail and nonfinite_turn(t) is not None for t, fail in zip(episodes, failed)], dtype=bool)
+    if nonfinite.any() and nonfinite_rewards == "refuse":
+        episode = episodes[int(np.argmax(nonfinite))]
+        turn = nonfinite_turn(episode)
+        raise NonFiniteReward(
+            f"{episode.env_id} gave a non-finite reward ({turn.env_reward!r}) at turn {turn.index} of episode {episode.index} "
+            f"(seed {episode.seed}); fix the env's reward, or set nonfinite_rewards: drop to leave such episodes out of training"
+        )
+    return failed | nonfinite
+
+
+def nonfinite_turn(trajectory: Trajectory) -> Turn | None:
+    """The first turn of ``trajectory`` whose reward is NaN or infinite, else None."""
+    return next((turn for turn in trajectory.turns if not math.isfinite(turn.reward)), None)
+
+
+def set_aside(trajectory: Trajectory, group: int) -> Trajectory:
+    """``trajectory`` as a set-aside episode keeps its place in a batch: without its turns (so no
+    turn of it enters an estimator) and in an env group of its own, ``group`` (so its return
+    enters no other episode's statistics; :func:`~envhub_trl.estimators.scope_labels` gives it a
+    set of its own in every scope)."""
+    return dataclasses.replace(trajectory, turns=[], group_id=group)
+
+
+def describe_aside(episodes: Sequence[Trajectory], aside: np.ndarray) -> str | None:
+    """One line on the episodes of a batch that were set aside (None when none was): how many, and
+    the first one's env, seed and error (or reward)."""
+    if not aside.any():
+        return None
+    first = episodes[int(np.argmax(aside))]
+    why = first.error if first.error is not None else "a non-finite reward"
+    return f"{int(aside.sum())} of {len(episodes)} episodes of the batch were left out of training, e.g. {first.env_id} (seed {first.seed}): {why}"
 
 
 def to_rows(
@@ -217,6 +292,45 @@ def _filler(samples: Sequence[Sample]) -> Sample:
     return Sample(prompt_ids=[0], completion_ids=[0], env_mask=[0], logprobs=[0.0], turn_ids=[0], group_id=-1, trajectory_index=-1)
 
 
+def _turn_spans(samples: Sequence[Sample]) -> Iterator[tuple[int, tuple[int, int], np.ndarray]]:
+    """``(row, (trajectory_index, turn), positions)`` for each turn's model tokens in each row, in
+    order; padding rows (``trajectory_index`` -1) are skipped."""
+    for row, sample in enumerate(samples):
+        if sample.trajectory_index < 0:
+            continue
+        mask = np.asarray(sample.env_mask, dtype=bool)
+        turns = np.asarray(sample.turn_ids, dtype=np.int64)
+        for turn in np.unique(turns[mask]):
+            yield row, (sample.trajectory_index, int(turn)), np.flatnonzero(mask & (turns == turn))
+
+
+def stop_string_start(completion_ids: Sequence[int], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> int:
+    """Where a reply's closing stop string begins, in tokens: the first of its trailing tokens that
+    lie wholly in the stop string it ends with (``len(completion_ids)`` when it ends with none). A
+    token that holds the end of the action and the start of the stop string is the action's."""
+    ids = list(completion_ids)
+    text = decode(ids)
+    starts = [text.find(stop) for stop in stop_strings if stop in text]
+    if not starts:
+        return len(ids)
+    start, k = min(starts), len(ids)
+    while k > 0 and len(decode(ids[: k - 1])) >= start:
+        k -= 1
+    return k
+
+
+def without_stop_strings(samples: Sequence[Sample], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> list[list[int]]:
+    """Each sample's ``env_mask`` with each reply's closing stop string (``</answer>``'s tokens) at 0:
+    the reply format writes it, as ``reply_prefix`` writes the opening, so the policy loss leaves it
+    out (``train_stop_strings``). Padding rows keep their mask."""
+    masks = [list(sample.env_mask) for sample in samples]
+    for row, _, positions in _turn_spans(samples):
+        reply = [samples[row].completion_ids[p] for p in positions]
+        for p in positions[stop_string_start(reply, stop_strings, decode) :]:
+            masks[row][p] = 0
+    return masks
+
+
 def score(
     batch: GenerationBatch,
     *,
@@ -255,8 +369,37 @@ def score(
     return dataclasses.replace(batch, turns=batch.turns.with_scores(token_turn, **fields), token_starts=starts)
 
 
+def turn_token_values(samples: Sequence[Sample], values: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Each turn's model-token entries of a per-row array (a score-stage quantity such as
+    log-probs, ``values[row, j]`` for completion token ``j``), keyed by ``(trajectory_index,
+    turn)`` in the order sampled; padding rows (``trajectory_index`` -1) are skipped."""
+    return {key: np.asarray(values[row])[positions] for row, key, positions in _turn_spans(samples)}
+
+
+def token_order(turn_counts: Sequence[int], lengths: dict[tuple[int, int], int]) -> tuple[np.ndarray, dict[tuple[int, int], int]]:
+    """The batch's model tokens in :class:`TurnBatch` order (episode by episode, turn by turn).
+
+    Args:
+        turn_counts: each episode's number of turns, in batch order.
+        lengths: the number of model tokens of each ``(episode, turn)`` (missing: none).
+
+    Returns:
+        ``token_turn`` (the batch-wide turn index of each token) and where each ``(episode, turn)``'s
+        tokens start in it.
+    """
+    token_turn, starts, turn, position = [], {}, 0, 0
+    for episode, count in enumerate(turn_counts):
+        for k in range(count):
+            n = lengths.get((episode, k), 0)
+            starts[(episode, k)] = position
+            token_turn.extend([turn] * n)
+            position += n
+            turn += 1
+    return np.asarray(token_turn, dtype=np.int64), starts
+
+
 def estimate(batch: GenerationBatch, estimator: str, settings: EstimatorSettings | None = None) -> GenerationBatch:
-    """The batch with ``estimator``'s advantages (:func:`~envhub_trl.rollout_batch.turn_advantages`;
+    """The batch with ``estimator``'s advantages (:func:`~envhub_trl.pipeline.turn_advantages`;
     0 on dropped groups)."""
     return dataclasses.replace(batch, estimate=turn_advantages(batch.turns, estimator, settings, keep=batch.keep))
 
@@ -275,165 +418,28 @@ def spread(batch: GenerationBatch, width: int) -> GenerationBatch:
     return dataclasses.replace(batch, advantages=advantages)
 
 
-def action_offset(completion_ids: Sequence[int], action: str, decode: Callable[[list[int]], str]) -> int | None:
-    """The index in ``completion_ids`` of the token that begins ``action``'s spelling: its first
-    occurrence after the reply's first ``>`` (the end of an ``<answer>`` tag), else its first
-    occurrence; None when the reply does not spell it."""
-    pieces = [decode([token]) for token in completion_ids]
-    text = "".join(pieces)
-    begin = text.find(action, text.find(">") + 1)
-    if begin < 0:
-        begin = text.find(action)
-    if begin < 0:
-        return None
-    position = 0
-    for k, piece in enumerate(pieces):
-        if position + len(piece) > begin:
-            return k
-        position += len(piece)
-    return None
+def spread_token_values(samples: Sequence[Sample], flat: np.ndarray, starts: dict[tuple[int, int], int], width: int) -> np.ndarray:
+    """Per-token values in :func:`token_order` back onto the rows: the inverse of
+    :func:`turn_token_values`; environment tokens and padding get 0. Shape ``(len(samples), width)``."""
+    out = np.zeros((len(samples), width))
+    for row, key, positions in _turn_spans(samples):
+        out[row, positions] = flat[starts[key] : starts[key] + len(positions)]
+    return out
 
 
-def first_tokens(tokenizer: Any) -> Callable[[str], int | None]:
-    """``action -> the first token of its spelling`` (cached): where a choice point
-    (:func:`choice_points`) reads an action's probability."""
+def token_advantages(samples: Sequence[Sample], turn_values: Sequence[np.ndarray], width: int) -> np.ndarray:
+    """Spread per-turn values over tokens: ``out[i, j] = turn_values[i][samples[i].turn_ids[j]]``.
 
-    @functools.lru_cache(maxsize=None)
-    def first(action: str) -> int | None:
-        ids = tokenizer.encode(action, add_special_tokens=False)
-        return int(ids[0]) if ids else None
-
-    return first
-
-
-def choice_points(
-    batch: GenerationBatch, prompt_width: int, first_token: Callable[[str], int | None], decode: Callable[[list[int]], str]
-) -> dict[str, torch.Tensor]:
-    """Where each turn chose between its legal actions, for an entropy bonus on that choice alone
-    (``action_entropy_coef``): per row and turn, the position in the (left-padded prompt +
-    completion) sequence whose hidden state predicts the first token of the reply's action, and the
-    distinct first tokens of the turn's legal actions (``first_token`` of each), padded, with a mask.
-
-    A turn makes no choice point when its reply named no legal action, its env does not list its
-    legal actions, the legal actions all begin with one token, or the reply spells its action's
-    first token otherwise than ``first_token`` does (a context-dependent tokenisation). Legal
-    actions that share a first token count as one choice.
+    Args:
+        samples: samples of either layout (``turn_ids``: the turn of each completion token).
+        turn_values: per sample, one value per turn of its episode.
+        width: the padded completion length; positions past a sample's end get 0.
 
     Returns:
-        ``choice_positions`` ``(rows, k)``, ``choice_tokens`` ``(rows, k, m)`` and ``choice_mask``
-        ``(rows, k, m)`` (1 on a real token; a choice point is a ``k`` slot with any).
+        Shape ``(len(samples), width)``.
     """
-    rows: list[list[tuple[int, list[int]]]] = []
-    for sample, starts in zip(batch.samples, batch.turn_starts):
-        points = []
-        for turn_index, start in sorted(starts.items()):
-            turn = batch.episodes[sample.trajectory_index].turns[turn_index]
-            if not turn.action_is_valid or not turn.action or not turn.valid_actions:
-                continue
-            tokens = list(dict.fromkeys(t for t in map(first_token, turn.valid_actions) if t is not None))
-            offset = action_offset(turn.completion_ids, turn.action, decode)
-            if len(tokens) < 2 or offset is None or turn.completion_ids[offset] != first_token(turn.action):
-                continue
-            points.append((prompt_width + start + offset - 1, tokens))
-        rows.append(points)
-    k = max(map(len, rows), default=0) or 1
-    m = max((len(tokens) for points in rows for _, tokens in points), default=0) or 1
-    positions = torch.zeros(len(rows), k, dtype=torch.long)
-    tokens = torch.zeros(len(rows), k, m, dtype=torch.long)
-    mask = torch.zeros(len(rows), k, m)
-    for row, points in enumerate(rows):
-        for j, (position, ids) in enumerate(points):
-            positions[row, j] = position
-            tokens[row, j, : len(ids)] = torch.tensor(ids)
-            mask[row, j, : len(ids)] = 1.0
-    return {"choice_positions": positions, "choice_tokens": tokens, "choice_mask": mask}
-
-
-def turn_id_matrix(batch: GenerationBatch, width: int) -> np.ndarray:
-    """``(rows, width)``: the turn of each completion token (0 past a row's end), for the loss's
-    per-turn importance ratio (``ratio_type="segment"``)."""
-    turn_ids = np.zeros((len(batch.samples), width), dtype=np.int64)
-    for row, sample in enumerate(batch.samples):
-        turn_ids[row, : len(sample.turn_ids)] = sample.turn_ids
-    return turn_ids
-
-
-def critic_targets(batch: GenerationBatch, prompt_width: int) -> dict[str, torch.Tensor]:
-    """What PPO's value loss reads, per row and turn: where the turn's value is read in the
-    (left-padded prompt + completion) sequence, its old value, its GAE return, and a mask (0 on
-    padding and on dropped groups). Needs ``score``'s values and ``estimate``'s ``returns``."""
-    starts = batch.turn_starts
-    turns, returns = batch.turns, batch.estimate["returns"]
-    positions, mask = value_positions(starts, prompt_width)
-    first_turn = np.cumsum([0] + [int(n) for n in np.bincount(turns.traj_index, minlength=turns.num_episodes)])
-    old, targets = torch.zeros(mask.shape), torch.zeros(mask.shape)
-    for row, starts_of_row in enumerate(starts):
-        for k, turn in enumerate(sorted(starts_of_row)):
-            index = first_turn[batch.samples[row].trajectory_index] + turn
-            old[row, k], targets[row, k] = float(turns.values[index]), float(returns[index])
-    mask = mask * torch.tensor([float(kept) for kept in batch.row_keep]).unsqueeze(1)
-    return {"value_positions": positions, "value_mask": mask, "old_values": old, "value_returns": targets}
-
-
-def row_advantage_means(batch: GenerationBatch) -> list[float]:
-    """Per row, the mean advantage over its model tokens (0 for a row without one): what the
-    completions log shows."""
-    means = []
-    for row, sample in enumerate(batch.samples):
-        mask = np.asarray(sample.env_mask, dtype=bool)
-        means.append(float(batch.advantages[row, : len(mask)][mask].mean()) if mask.any() else 0.0)
-    return means
-
-
-def estimate_metrics(batch: GenerationBatch) -> dict[str, float]:
-    """What the estimate stage logs besides the env metrics: REINFORCE++'s mean KL (``env/kl``),
-    PPO's mean value and return (``critic/...``)."""
-    result, out = batch.estimate, {}
-    if "kl" in result:
-        out["env/kl"] = float(np.mean(result["kl"])) if len(result["kl"]) else 0.0
-    if "returns" in result and batch.turns.values is not None:
-        out["critic/values_mean"] = float(np.mean(batch.turns.values))
-        out["critic/returns_mean"] = float(np.mean(result["returns"]))
+    out = np.zeros((len(samples), width))
+    for row, (sample, values) in enumerate(zip(samples, turn_values)):
+        turn_ids = np.asarray(sample.turn_ids, dtype=np.int64)
+        out[row, : len(turn_ids)] = np.asarray(values)[turn_ids]
     return out
-
-
-def signal_metrics(batch: GenerationBatch, gamma: float = 0.95) -> dict[str, float]:
-    """The batch's ``diag/`` metrics: why a run learns or stalls (:func:`~envhub_trl.diagnostics.learning_signal`)."""
-    return learning_signal(batch.played, batch.estimate.get("advantages"), gamma, batch=batch.turns)
-
-
-def env_metrics(batch: GenerationBatch, per_env: bool = False) -> dict[str, float]:
-    """The batch's ``env/`` metrics (:func:`~envhub_trl.metrics.rollout_metrics`) over the episodes
-    played to their end, with the share of the batch's episodes whose env failed
-    (``env/error_rate``) and the count of those set aside for a non-finite reward
-    (``env/nonfinite_reward_episodes``)."""
-    failed = sum(t.error is not None for t in batch.episodes)
-    out = {"env/error_rate": failed / len(batch.episodes), "env/nonfinite_reward_episodes": float(batch.aside.sum() - failed)}
-    if batch.played:
-        played = ~batch.aside
-        out.update(rollout_metrics(batch.played, batch.estimate["keep"][played], batch.estimate.get("anchor_size"), per_env=per_env))
-    return out
-
-
-def choice_entropies(head: Any, hidden: torch.Tensor, inputs: dict[str, Any], temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The entropy of each choice point's distribution over its legal first tokens
-    (:func:`choice_points`), renormalised: the output layer ``head`` applied to
-    the final hidden states ``(rows, length, size)`` at the points alone, for those tokens alone.
-    Returns ``(entropies, points)``, each ``(rows, k)``; ``points`` marks the real choice points."""
-    positions, tokens, mask = inputs["choice_positions"], inputs["choice_tokens"], inputs["choice_mask"]
-    states = torch.gather(hidden, 1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))  # (rows, k, size)
-    logits = torch.einsum("rkh,rkmh->rkm", states, head.weight[tokens].to(states.dtype))
-    if getattr(head, "bias", None) is not None:
-        logits = logits + head.bias[tokens]
-    logits = (logits.float() / temperature).masked_fill(mask == 0, float("-inf"))
-    points = mask.sum(-1) > 0
-    logp = torch.log_softmax(logits.masked_fill(~points.unsqueeze(-1), 0.0), -1)
-    entropy = -(logp.exp() * logp.masked_fill(mask == 0, 0.0)).sum(-1)
-    return entropy, points
-
-
-def entropy_bonus(entropy: torch.Tensor, floor: float | None = None) -> torch.Tensor:
-    """What ``action_entropy_coef`` rewards at each choice point: its entropy, or with a ``floor``
-    ``min(entropy - floor, 0)``, which pulls a point's entropy up to the floor and leaves a point
-    above it alone (no gradient there)."""
-    return entropy if floor is None else (entropy - floor).clamp(max=0.0)

@@ -38,7 +38,7 @@ from envhub.executors import make_executor
 from envhub.manager import EnvGroupManager
 from envhub.registration import spec
 from envhub.rollout import RolloutStats, Trajectory
-from envhub_trl import pipeline, run_state
+from envhub_trl import loss_inputs, metrics, pipeline, run_state
 from envhub_trl.agent_rollouts import AgentRollouts
 from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, start_producer, truncated_importance_weights
 from envhub_trl.callbacks import AverageCriticGradients, ZeroCriticGradients
@@ -50,7 +50,6 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.lora import merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
-from envhub_trl.rollout_batch import describe_aside
 from envhub_trl.trl_bridge import TRLBridge, episode_return, loadable_reference
 
 
@@ -258,7 +257,7 @@ class EnvGRPOTrainer(TRLBridge):
             drop_tied=args.filter_tied_groups, keep_fraction=args.keep_group_fraction,
             max_error_rate=args.max_env_error_rate, nonfinite_rewards=args.nonfinite_rewards,
         )
-        left_out = describe_aside(batch.episodes, batch.aside)
+        left_out = pipeline.describe_aside(batch.episodes, batch.aside)
         if left_out is not None and self.accelerator.is_main_process:
             print(f"step {self.state.global_step + 1}: {left_out}", file=sys.stderr, flush=True)
         multiple = math.lcm(group_size, args.steps_per_generation if mode == "train" else 1)
@@ -275,22 +274,22 @@ class EnvGRPOTrainer(TRLBridge):
             batch = pipeline.score(batch, **scores, collect=gather_object)
         batch = pipeline.spread(pipeline.estimate(batch, args.advantage_estimator, args.estimator_settings()), width)
         output["advantages"] = torch.tensor(batch.advantages, dtype=torch.float32, device=device)
-        self.log_metrics(mode, pipeline.estimate_metrics(batch))
+        self.log_metrics(mode, metrics.estimate_metrics(batch))
         if staleness is not None:
             self._correct_for_lag(output, staleness, mode)
         if self.value_head is not None:
-            output.update({name: value.to(device) for name, value in pipeline.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
+            output.update({name: value.to(device) for name, value in loss_inputs.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
         if args.ratio_type == "segment":
-            output["turn_ids"] = torch.tensor(pipeline.turn_id_matrix(batch, width), device=device)
+            output["turn_ids"] = torch.tensor(loss_inputs.turn_id_matrix(batch, width), device=device)
         if args.action_entropy_coef:
-            points = pipeline.choice_points(batch, output["prompt_ids"].shape[1], self.first_token, self.processing_class.decode)
+            points = loss_inputs.choice_points(batch, output["prompt_ids"].shape[1], self.first_token, self.processing_class.decode)
             output.update({name: value.to(device) for name, value in points.items()})
-        self.log_row_advantages(pipeline.row_advantage_means(batch))
-        self.log_metrics(mode, pipeline.env_metrics(batch, per_env=len(args.env_entries()) > 1))
-        self.log_metrics(mode, pipeline.signal_metrics(batch, args.step_reward_gamma))
+        self.log_row_advantages(metrics.row_advantage_means(batch))
+        self.log_metrics(mode, metrics.env_metrics(batch, per_env=len(args.env_entries()) > 1))
+        self.log_metrics(mode, metrics.signal_metrics(batch, args.step_reward_gamma))
         if self.curriculum is not None and mode == "train":
-            metrics, advanced = self.curriculum.batch_played(batch.played, self.state.global_step)
-            self.log_metrics(mode, metrics)
+            stage_metrics, advanced = self.curriculum.batch_played(batch.played, self.state.global_step)
+            self.log_metrics(mode, stage_metrics)
             if advanced is not None and self.accelerator.is_main_process:
                 print(advanced, file=sys.stderr, flush=True)
         return output
@@ -352,12 +351,12 @@ class EnvGRPOTrainer(TRLBridge):
                 loss = loss + self.args.vf_coef * value_loss / scale
             if choices:
                 head = self.accelerator.unwrap_model(model).get_output_embeddings()
-                entropy, points = pipeline.choice_entropies(head, states, inputs, self.temperature)
+                entropy, points = loss_inputs.choice_entropies(head, states, inputs, self.temperature)
                 if points.any():
                     # Weighted as the policy loss weighs a token (over the micro-batch's model tokens), so
                     # the coefficient keeps its meaning against the advantage whatever the replies' length.
                     tokens = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
-                    bonus = pipeline.entropy_bonus(entropy[points], self.args.action_entropy_floor)
+                    bonus = loss_inputs.entropy_bonus(entropy[points], self.args.action_entropy_floor)
                     below = {} if self.args.action_entropy_floor is None else {"policy/action_entropy_below_floor": float((bonus < 0).float().mean())}
                     self.log_metrics(mode, {"policy/action_entropy": float(entropy[points].mean().detach()), **below})
                     loss = loss - self.args.action_entropy_coef * bonus.sum() / tokens.sum().clamp(min=1.0) / scale
@@ -365,8 +364,8 @@ class EnvGRPOTrainer(TRLBridge):
 
     @functools.cached_property
     def first_token(self) -> Callable[[str], int | None]:
-        """``action -> the first token of its spelling`` (:func:`~envhub_trl.pipeline.first_tokens`)."""
-        return pipeline.first_tokens(self.processing_class)
+        """``action -> the first token of its spelling`` (:func:`~envhub_trl.loss_inputs.first_tokens`)."""
+        return loss_inputs.first_tokens(self.processing_class)
 
     def create_optimizer(self, model: Any = None) -> Any:
         """``transformers.Trainer``'s optimizer, with PPO's value head as one more parameter group
