@@ -337,11 +337,11 @@ def turn_advantages(
     *,
     keep: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Each turn's (or model token's) advantage under the registered ``estimator``
-    (:mod:`envhub_trl.estimators`), zero on the episodes the group filter dropped.
+    """Each turn's (or model token's) advantage under the registered ``estimator`` (:func:`estimate`),
+    zero on the episodes the group filter dropped.
 
     ``keep`` is the group filter's verdict per episode (:func:`~envhub_trl.advantages.select_groups`,
-    which the pipeline's screen stage applies); None keeps every episode.
+    which the pipeline's gather stage applies); None keeps every episode.
 
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns

@@ -10,7 +10,7 @@ with its own fields filled::
     estimate  the registered estimator                      -> per-turn (or per-token) advantages
     spread    the advantages over each row's model tokens   -> advantages (rows x completion width)
 
-Each stage is followed by the helpers it alone uses. ``play`` makes the episodes the batch is built
+Each stage is followed by the helpers it is the first to use. ``play`` makes the episodes the batch is built
 from. The model's forward passes (old and reference log-probs, the critic's values) happen in the
 trainer between ``to_rows`` and ``score``, and the stages take their results as numpy arrays. The
 advantages themselves are :mod:`envhub_trl.estimators`' (each names the formula it implements); what the
@@ -61,10 +61,7 @@ def _same(count: int) -> int:
 
 
 #: What training does with an episode that has a NaN or infinite reward (``nonfinite_rewards``):
-
-
 #: stop with an error naming it, or set it aside and count it.
-
 NONFINITE_REWARDS = ("refuse", "drop")
 
 
@@ -74,8 +71,6 @@ class RolloutError(EnvhubError):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-
-
 class GenerationBatch:
     """One generation batch, as far as the stages have taken it.
 
@@ -399,7 +394,7 @@ def token_order(turn_counts: Sequence[int], lengths: dict[tuple[int, int], int])
 
 
 def estimate(batch: GenerationBatch, estimator: str, settings: EstimatorSettings | None = None) -> GenerationBatch:
-    """The batch with ``estimator``'s advantages (:func:`~envhub_trl.pipeline.turn_advantages`;
+    """The batch with ``estimator``'s advantages (:func:`~envhub_trl.estimators.turn_advantages`;
     0 on dropped groups)."""
     return dataclasses.replace(batch, estimate=turn_advantages(batch.turns, estimator, settings, keep=batch.keep))
 
