@@ -203,6 +203,21 @@ def test_env_metrics_reach_trls_log(run):
     assert 0.0 < logged[0]["env/success_rate"] < 1.0  # expert members win, model members do not
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["run", "step_run"])
+def test_clipped_ratio_counts_the_rows_with_a_reply_cut_at_the_token_limit(fixture, request):
+    """TRL calls a row clipped when its last token is not end-of-sequence; an envhub row can end at
+    a stop string or an env's text, so the trainer re-measures it by the replies' finish reasons."""
+    trainer, _, batches = request.getfixturevalue(fixture)
+    logged = [entry["completions/clipped_ratio"] for entry in trainer.state.log_history if "completions/clipped_ratio" in entry]
+    for batch, figure in zip(batches, logged):
+        episodes = [traj.turns for traj in batch["trajectories"]]
+        rows = [[turn] for turns in episodes for turn in turns] if fixture == "step_run" else episodes
+        cut = np.mean([any(turn.finish_reason == "length" for turn in row) for row in rows])
+        assert 0.0 < cut < 1.0  # both kinds of row are in the batch
+        assert figure == pytest.approx(cut)
+
+
 def test_grpo_matches_trls_own_advantages(tiny, tmp_path, monkeypatch):
     """GRPO's per-token advantage is, on every model token, the sequence advantage TRL computes itself."""
     from transformers import AutoModelForCausalLM

@@ -127,7 +127,38 @@ class TRLBridge(GRPOTrainer):
         """TRL's scoring of ``batch``'s rows (old and reference log-probs, its metrics and
         completions log), on the columns :meth:`rollout_columns` hands it."""
         self._in_flight = batch
-        return super()._generate_and_score_completions(list(batch.rows))
+        output = super()._generate_and_score_completions(list(batch.rows))
+        self._mend_completion_metrics(batch)
+        return output
+
+    def _mend_completion_metrics(self, batch: GenerationBatch) -> None:
+        """Re-measure TRL's ``completions/clipped_ratio`` and ``*_terminated_length`` by the replies.
+
+        TRL calls a completion clipped when its last token is not end-of-sequence. An envhub row
+        ends where a reply stopped: at a stop string (``</answer>``) or an env's text as often as at
+        end-of-sequence, so TRL's figure read 1.0 on runs where no reply met its token limit. A row
+        is clipped here when one of its replies was cut at ``max_turn_tokens`` (finish reason
+        ``length``), which is what the name promises; the lengths stay TRL's (the row's model tokens).
+        """
+        mode = "train" if self.model.training else "eval"
+        logged = self._metrics[mode]
+        if not logged.get("completions/clipped_ratio"):
+            return
+        rows = [s for s in batch.samples if s.trajectory_index >= 0]
+        clipped, lengths = [], []
+        for sample in rows:
+            turns = batch.episodes[sample.trajectory_index].turns
+            mine = turns if sample.turn_index is None else turns[sample.turn_index : sample.turn_index + 1]
+            clipped.append(any(turn.finish_reason == "length" for turn in mine))
+            lengths.append(float(sum(sample.env_mask)))
+        everyone = gather_object(list(zip(clipped, lengths)))
+        if not everyone:
+            return
+        ended = [length for cut, length in everyone if not cut] or [0.0]
+        logged["completions/clipped_ratio"][-1] = sum(cut for cut, _ in everyone) / len(everyone)
+        logged["completions/mean_terminated_length"][-1] = sum(ended) / len(ended)
+        logged["completions/min_terminated_length"][-1] = min(ended)
+        logged["completions/max_terminated_length"][-1] = max(ended)
 
     def rollout_columns(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
         """TRL's ``rollout_func``: the columns of the batch being scored (played before TRL asks)."""
