@@ -8,7 +8,8 @@ what decides the learning and drops the rest:
   8 turns, reward 1 at the goal, a hole ends the episode, a move off the edge stays put, an invalid
   reply costs the run's ``format_penalty`` (-0.1) and the turn;
 - the advantages: :func:`envhub_trl.advantages.gigpo_advantages` or ``grpo_advantages``, exactly as
-  the trainer computes them (anchors: the map's group and the position);
+  the trainer computes them (anchors: the map's group and the position), normalised as
+  ``advantage_norm`` does (``--norm``);
 - the step: one AdamW step a batch on ``-mean(advantage * log p(move))`` (no ratio: one update per
   batch, which the trainer's ratio reduces to), gradient norm clipped at 1, a 10-step warm-up;
 - the policy (``--policy``): ``model``, the run's tiny transformer reading the run's real prompt
@@ -237,6 +238,7 @@ def main() -> None:
     parser.add_argument("--start", default="init", help="model: a model folder, or 'init' (the format-only start made here)")
     parser.add_argument("--format-steps", type=int, default=200)
     parser.add_argument("--estimator", choices=("gigpo", "grpo"), default="gigpo")
+    parser.add_argument("--norm", choices=("mean", "mean_std", "relative"), default="mean_std", help="the advantages' normalisation (advantage_norm)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--schedule", choices=("constant", "cosine"), default="constant")
@@ -270,9 +272,9 @@ def main() -> None:
         groups = np.arange(len(episodes)) // args.group_size
         if args.estimator == "gigpo":
             keys = np.array([f"{e // args.group_size}:{turn[3]}" for e, _, turn in turns])
-            advantages = gigpo_advantages(rewards, trajectory, np.array([t for _, t, _ in turns]), groups, keys)["advantages"]
+            advantages = gigpo_advantages(rewards, trajectory, np.array([t for _, t, _ in turns]), groups, keys, norm=args.norm)["advantages"]
         else:
-            advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups)[trajectory]
+            advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm=args.norm)[trajectory]
         distinct = sorted({turn[0] for _, _, turn in turns})
         at = {v: k for k, v in enumerate(distinct)}
         if args.whole_reply:  # as the trainer: the move and </answer>, each token weighted alike
