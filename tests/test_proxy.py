@@ -194,3 +194,47 @@ def test_tool_calls_round_trip_through_the_openai_client(tiny):
     assert "move" in tiny.tokenizer.decode(list(session.calls[0].prompt_ids))  # the tools reached the template
     sample = session_trajectory(session).sample()
     assert sum(sample.env_mask) == sum(len(c.choices[0].token_ids) for c in session.calls)
+
+
+class _Batches:
+    """A batch generator that takes ``seconds`` a batch and records each batch's size."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.sizes = seconds, []
+
+    def generate_each(self, prompts, samplings):
+        import time
+
+        self.sizes.append(len(prompts))
+        time.sleep(self.seconds)
+        return [Completion(text="x", token_ids=[1], logprobs=[0.0], finish_reason="length") for _ in prompts]
+
+
+def test_the_callers_a_batch_answered_share_the_next_batch_though_they_call_back_slowly(tiny):
+    """Under load, agents answered by one batch call back spread over more than batch_wait_s; the
+    worker waits (straggler_wait_s between arrivals, one batch's time in all) until as many are
+    in, instead of starting a half batch and leaving the other half to the next."""
+    import time
+
+    from envhub.generation import Prompt, SamplingParams
+
+    def call_back(proxy, count: int, gap: float) -> None:
+        futures = []
+        for _ in range(count):
+            futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1)))
+            time.sleep(gap)
+        for future in futures:
+            future.result(timeout=10)
+
+    for straggler_wait_s, expected in ((0.2, [6, 6, 3]), (0.0, None)):
+        generator = _Batches(seconds=1.0)
+        proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=straggler_wait_s)
+        call_back(proxy, 6, 0.0)  # six agents start together: one batch
+        call_back(proxy, 6, 0.03)  # they call back 30 ms apart, over batch_wait_s
+        started = time.perf_counter()
+        call_back(proxy, 3, 0.0)  # three of them end their game: the rest never come
+        if expected is not None:
+            assert generator.sizes == expected
+            assert time.perf_counter() - started < 1.0 + 0.2 + 0.5  # the batch, and at most straggler_wait_s for the rest
+        else:  # with no straggler wait, the slow callers are taken as they come
+            assert generator.sizes[0] == 6 and len(generator.sizes) > 3

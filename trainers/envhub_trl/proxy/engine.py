@@ -15,8 +15,10 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
+import math
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,8 @@ class ChatProxy:
             draw the same noise batch after batch).
         batch_wait_s: how long the generator waits for one more request before it starts a batch
             (each arrival restarts the wait): concurrent agents then share a batch.
+        straggler_wait_s: the longer wait between arrivals while fewer requests are in than the
+            last batch answered (at most that batch's own time in all): see :meth:`_gather`.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class ChatProxy:
         top_p: float | None = None,
         seed: int | None = None,
         batch_wait_s: float = 0.01,
+        straggler_wait_s: float = 0.05,
     ):
         self.generator = generator
         self.tokenizer = tokenizer
@@ -95,6 +100,7 @@ class ChatProxy:
         self.top_p = top_p
         self._seeds = np.random.default_rng(seed)
         self.batch_wait_s = batch_wait_s
+        self.straggler_wait_s = straggler_wait_s
         self.view = TemplateView(tokenizer)
         self._stop_ids = set(stop_token_ids(tokenizer))
         self._requests: queue.Queue[tuple[Prompt, SamplingParams, concurrent.futures.Future[Completion]]] = queue.Queue()
@@ -113,19 +119,10 @@ class ChatProxy:
     def _work(self) -> None:
         stream = as_stream(self.generator)
         waiting: dict[int, concurrent.futures.Future[Completion]] = {}
+        answered, took = 0, 0.0  # the last batch's completions (when it left nothing running) and its seconds
         while True:
-            # Idle, wait for a request; then take every request that arrives within batch_wait_s of
-            # the one before (agents answered by one batch call back at nearly the same time).
-            wait: float | None = None if not waiting else 0.0
-            while True:
-                try:
-                    prompt, sampling, future = self._requests.get(timeout=wait) if wait != 0.0 else self._requests.get_nowait()
-                except queue.Empty:
-                    break
-                wait = self.batch_wait_s or 0.0
-                key = next(self._keys)
-                waiting[key] = future
-                stream.submit(key, prompt, sampling)
+            self._gather(stream, waiting, answered, took)
+            started = time.perf_counter()
             try:
                 finished = stream.poll()
             except Exception as exc:  # the generator failed: every request in flight fails with it
@@ -134,8 +131,42 @@ class ChatProxy:
                 waiting.clear()
                 stream = as_stream(self.generator)
                 continue
+            took = time.perf_counter() - started
             for key, completion in finished:
                 waiting.pop(key).set_result(completion)
+            answered = 0 if waiting else len(finished)
+
+    def _gather(self, stream: Any, waiting: dict[int, concurrent.futures.Future[Completion]], answered: int, took: float) -> None:
+        """Submit to ``stream`` the requests that arrive before the next batch starts.
+
+        Idle, the worker waits for a first request, then takes every request that arrives within
+        ``batch_wait_s`` of the one before; with requests still running (a streaming engine), it
+        takes what is queued without waiting for a first. After a batch that answered ``answered``
+        callers, it waits up to ``straggler_wait_s`` between arrivals (``took``, the batch's own
+        seconds, in all) until as many requests are in: the agents that batch answered call back
+        at about the same time, but under load their next calls spread over more than
+        ``batch_wait_s``. Started without them, a batch on a small model costs about as much as a
+        whole one, the stragglers' batch follows it, and the sessions settle into two halves that
+        take turns (`bench/proxy.py` logged batches of 31 and 33 for 64 sessions).
+        """
+        gathered, deadline = 0, math.inf
+        while True:
+            if gathered == 0:
+                wait: float | None = 0.0 if waiting else None
+            elif gathered < answered:
+                wait = max(0.0, min(max(self.straggler_wait_s, self.batch_wait_s), deadline - time.perf_counter()))
+            else:
+                wait = self.batch_wait_s or 0.0
+            try:
+                prompt, sampling, future = self._requests.get(timeout=wait) if wait != 0.0 else self._requests.get_nowait()
+            except queue.Empty:
+                return
+            if gathered == 0:
+                deadline = time.perf_counter() + took
+            gathered += 1
+            key = next(self._keys)
+            waiting[key] = future
+            stream.submit(key, prompt, sampling)
 
     def _submit(self, prompt: Prompt, sampling: SamplingParams) -> concurrent.futures.Future[Completion]:
         self._ensure_worker()
