@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="smollm2-135m, a model folder or a hub id (default: the tiny model, built here).")
+    parser.add_argument("--straggler-wait-s", type=float, default=None,
+                        help="the proxy's straggler_wait_s (default: ChatProxy's; 0 batches as before it existed)")
     options = parser.parse_args()
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "0")) or torch.get_num_threads()))
     if options.model is None:
@@ -128,7 +130,8 @@ def main() -> None:
     # A model ends its turn early at times; without the end tokens both sides sample the whole budget.
     generator.eos_ids = set()
     counted = Counted(generator)
-    server = ProxyServer(ChatProxy(counted, generator.tokenizer, model="tiny")).start()
+    waits = {} if options.straggler_wait_s is None else {"straggler_wait_s": options.straggler_wait_s}
+    server = ProxyServer(ChatProxy(counted, generator.tokenizer, model="tiny", **waits)).start()
     turns_total = options.sessions * options.turns
     direct(counted, options.sessions, 1, options.max_tokens)  # warm-up, not counted: first calls compile and connect
     through_proxy(server, options.sessions, 1, options.max_tokens, "warm-up")
@@ -154,7 +157,9 @@ def main() -> None:
     result = {
         "date": datetime.date.today().isoformat(),
         "command": f"python bench/proxy.py --sessions {options.sessions} --turns {options.turns} --max-tokens {options.max_tokens} --repeats {options.repeats}"
-        + (f" --model {options.model}" if options.model else ""),
+        + (f" --model {options.model}" if options.model else "")
+        + (f" --straggler-wait-s {options.straggler_wait_s:g}" if options.straggler_wait_s is not None else ""),
+        "straggler_wait_s": server.proxy.straggler_wait_s,
         "model": options.model or "tiny",
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
         "sessions": options.sessions, "turns": options.turns, "max_tokens": options.max_tokens,
@@ -164,6 +169,8 @@ def main() -> None:
     print(f"best of {options.repeats}: direct {result['direct_turns_per_s']:.1f} turns/s, proxy {result['proxy_turns_per_s']:.1f} turns/s, "
           f"overhead {result['overhead_best']:.2f}x (median of the repeats' {result['overhead_median']:.2f}x; {options.sessions} concurrent sessions)")
     out = RESULTS if options.model is None else pathlib.Path(str(RESULTS_FOR_MODEL).format(model=pathlib.Path(options.model).name))
+    if options.straggler_wait_s is not None:
+        out = out.with_name(f"{out.stem}-straggler{options.straggler_wait_s:g}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

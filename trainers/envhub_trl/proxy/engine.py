@@ -142,27 +142,35 @@ class ChatProxy:
         Idle, the worker waits for a first request, then takes every request that arrives within
         ``batch_wait_s`` of the one before; with requests still running (a streaming engine), it
         takes what is queued without waiting for a first. After a batch that answered ``answered``
-        callers, it waits up to ``straggler_wait_s`` between arrivals (``took``, the batch's own
-        seconds, in all) until as many requests are in: the agents that batch answered call back
-        at about the same time, but under load their next calls spread over more than
-        ``batch_wait_s``. Started without them, a batch on a small model costs about as much as a
-        whole one, the stragglers' batch follows it, and the sessions settle into two halves that
-        take turns (`bench/proxy.py` logged batches of 31 and 33 for 64 sessions).
+        callers, it takes what came in meanwhile, then waits for those callers: the first within
+        the batch's own time ``took`` (their responses are being written), each next within
+        ``straggler_wait_s``, until as many requests are in as the batch answered. They call back
+        at about the same time, but further apart than ``batch_wait_s`` under load; started
+        without them, a batch on a small model costs about as much as a whole one, their own batch
+        follows it, and the sessions settle into two halves that take turns (`bench/proxy.py`
+        logged batches of 31 and 33, and of 41 and 23, for 64 sessions).
         """
-        gathered, deadline = 0, math.inf
+        queued, gathered, fresh, deadline = self._requests.qsize(), 0, 0, time.perf_counter() + took
         while True:
-            if gathered == 0:
+            if gathered == 0 and not queued:
                 wait: float | None = 0.0 if waiting else None
-            elif gathered < answered:
-                wait = max(0.0, min(max(self.straggler_wait_s, self.batch_wait_s), deadline - time.perf_counter()))
+            elif gathered < queued:  # those that came in during the batch
+                wait = 0.0
+            elif gathered < answered:  # the batch's callers: the first within its time, then each within straggler_wait_s
+                left = deadline - time.perf_counter()
+                wait = max(self.batch_wait_s, left if not fresh else min(self.straggler_wait_s, left))
             else:
                 wait = self.batch_wait_s or 0.0
             try:
                 prompt, sampling, future = self._requests.get(timeout=wait) if wait != 0.0 else self._requests.get_nowait()
             except queue.Empty:
+                if gathered < queued:  # another consumer cannot exist; qsize was an estimate
+                    queued = gathered
+                    continue
                 return
-            if gathered == 0:
+            if gathered == 0 and not queued:  # the first after an idle wait: the callers' time starts now
                 deadline = time.perf_counter() + took
+            fresh += gathered >= queued
             gathered += 1
             key = next(self._keys)
             waiting[key] = future
