@@ -15,7 +15,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
-import math
 import queue
 import threading
 import time
