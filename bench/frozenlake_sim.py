@@ -23,6 +23,12 @@ towards the uniform distribution over the four moves on random-walk views, what
 validation maps (``random_map`` seeds from 5 * 10^8, which no run trains or is measured on), and the
 entropy of the four moves' distribution given the view.
 
+The levers the second plateau was screened with (docs/results-rl-alone.md): ``--step-weight``
+(GiGPO's ω), ``--anchor context``, ``--entropy-coef``/``--entropy-floor`` (the trainer's
+``action_entropy_coef``/``action_entropy_floor``), ``--temperature``, ``--groups``/``--group-size``.
+Each evaluation also says how the greedy episodes that lost ended (``hole_in_view``: a step into a
+hole the view showed). ``--save DIR`` keeps the trained model; ``--steps 0`` only evaluates a start.
+
 ``--whole-reply`` trains what the trainer trained before ``train_stop_strings`` (the move and
 ``</answer>``'s four tokens, each weighted alike); give it a start that knows the closing tag (a
 trainer run's warm start, ``envhub train ... max_steps=1 learning_rate=1e-12``, its ``final``).
@@ -55,6 +61,7 @@ import yaml
 
 from envhub_frozenlake.env import random_map
 from envhub_trl.advantages import gigpo_advantages, grpo_advantages
+from envhub_trl.loss_inputs import entropy_bonus
 
 ROOT = Path(__file__).resolve().parent
 MOVES = ("Left", "Down", "Right", "Up")
@@ -167,6 +174,19 @@ class ModelPolicy(torch.nn.Module):
         return logp[:, self.moves]
 
 
+class Tempered(torch.nn.Module):
+    """A policy sampled at a temperature: log-probabilities of ``logits / temperature``."""
+
+    def __init__(self, policy: Any, temperature: float) -> None:
+        super().__init__()
+        self.policy, self.temperature = policy, temperature
+        if hasattr(policy, "moves"):
+            self.moves = policy.moves
+
+    def forward(self, views: list[str]) -> torch.Tensor:
+        return torch.log_softmax(self.policy(views) / self.temperature, -1)
+
+
 def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list[list[tuple[str, int, float, tuple[int, int]]]]:
     """Each map played once: per turn (view, token, reward, position before the move)."""
     moves = getattr(policy, "moves", [0, 1, 2, 3])
@@ -212,7 +232,18 @@ def evaluate(policy: Any, maps: list[tuple[str, ...]]) -> dict[str, float]:
         entropy = float(-(q * q.clamp(min=1e-12).log()).sum(-1).mean())
     policy.train()
     won = lambda episodes: float(np.mean([e[-1][2] > 0.5 for e in episodes]))  # noqa: E731
-    return {"greedy": won(greedy), "sampled": won(sampled), "move_entropy": entropy}
+    return {"greedy": won(greedy), "sampled": won(sampled), "move_entropy": entropy, **greedy_losses(policy, greedy)}
+
+
+def greedy_losses(policy: Any, episodes: list[list[tuple[str, int, float, tuple[int, int]]]]) -> dict[str, float]:
+    """How the greedy episodes that did not win ended, as shares of all episodes: in a hole the
+    last view showed in the direction taken (``hole_in_view``), out of turns, or with invalid replies."""
+    moves = getattr(policy, "moves", [0, 1, 2, 3])
+    lost = [e for e in episodes if e[-1][2] <= 0.5]
+    seen = [e[-1][1] in moves and f"{MOVES[moves.index(e[-1][1])]}: hole" in e[-1][0] for e in lost]
+    late = sum(not hole and len(e) == TURNS for e, hole in zip(lost, seen))
+    invalid = sum(any(turn[1] not in moves for turn in e) for e in lost)
+    return {"hole_in_view": sum(seen) / len(episodes), "out_of_turns": late / len(episodes), "invalid": invalid / len(episodes)}
 
 
 def format_start(policy: ModelPolicy, steps: int) -> None:
@@ -247,7 +278,14 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8, help="plays of each map")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--whole-reply", action="store_true", help="model: train the move and </answer>'s tokens, as the trainer does")
+    parser.add_argument("--anchor", choices=("state", "context"), default="state", help="gigpo: the step level's anchors (step_anchor): the map's group and the position, or the view across the batch")
+    parser.add_argument("--step-weight", type=float, default=1.0, help="gigpo: the step level's weight (step_advantage_weight)")
+    parser.add_argument("--gamma", type=float, default=0.95, help="gigpo: the step returns' discount")
+    parser.add_argument("--entropy-coef", type=float, default=0.0, help="action_entropy_coef: the four moves' entropy (renormalised) added to the objective, weighted as a turn")
+    parser.add_argument("--entropy-floor", type=float, default=None, help="action_entropy_floor: reward the entropy only up to this floor")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=1.0, help="the training episodes' sampling temperature (the loss reads the same tempered log-probabilities, as TRL's does)")
+    parser.add_argument("--save", default=None, help="model: save the trained model to this folder")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -255,6 +293,7 @@ def main() -> None:
     if args.policy == "model" and args.start == "init":
         format_start(policy, args.format_steps)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    tempered = policy if args.temperature == 1.0 else Tempered(policy, args.temperature)
     validation = [random_map(SIDE, P_ICE, VALIDATION + i) for i in range(256)]
     next_map, curve, started = args.seed * 10**6, [], time.time()
     for step in range(args.steps + 1):
@@ -265,14 +304,20 @@ def main() -> None:
             break
         maps = [random_map(SIDE, P_ICE, next_map + g) for g in range(args.groups) for _ in range(args.group_size)]
         next_map += args.groups
-        episodes = play(policy, maps)
+        episodes = play(tempered, maps)
         turns = [(e, t, turn) for e, episode in enumerate(episodes) for t, turn in enumerate(episode)]
         rewards = np.array([turn[2] for _, _, turn in turns])
         trajectory = np.array([e for e, _, _ in turns])
         groups = np.arange(len(episodes)) // args.group_size
         if args.estimator == "gigpo":
-            keys = np.array([f"{e // args.group_size}:{turn[3]}" for e, _, turn in turns])
-            advantages = gigpo_advantages(rewards, trajectory, np.array([t for _, t, _ in turns]), groups, keys, norm=args.norm)["advantages"]
+            if args.anchor == "state":
+                keys, pooled = np.array([f"{e // args.group_size}:{turn[3]}" for e, _, turn in turns]), None
+            else:  # the policy's input, anchored across the batch's groups
+                keys, pooled = np.array([turn[0] for _, _, turn in turns]), np.zeros(len(turns), dtype=int)
+            advantages = gigpo_advantages(
+                rewards, trajectory, np.array([t for _, t, _ in turns]), groups, keys,
+                norm=args.norm, step_weight=args.step_weight, gamma=args.gamma, anchor_groups=pooled,
+            )["advantages"]
         else:
             advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm=args.norm)[trajectory]
         distinct = sorted({turn[0] for _, _, turn in turns})
@@ -281,14 +326,23 @@ def main() -> None:
             logp, per_reply = policy.reply_logps([turn[0] for _, _, turn in turns], [turn[1] for _, _, turn in turns])
             loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).sum() / (per_reply * len(turns))
         else:
-            logp = policy(distinct)[[at[turn[0]] for _, _, turn in turns], [turn[1] for _, _, turn in turns]]
+            logp = tempered(distinct)[[at[turn[0]] for _, _, turn in turns], [turn[1] for _, _, turn in turns]]
             loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).mean()
+        if args.entropy_coef:  # as the trainer's action_entropy_coef: the legal choice's entropy, per turn
+            moves = policy(distinct)
+            moves = moves if not hasattr(policy, "moves") else policy.move_logits(moves)
+            q = torch.log_softmax(moves, -1)
+            entropy = -(q.exp() * q).sum(-1)[[at[turn[0]] for _, _, turn in turns]]
+            loss = loss - args.entropy_coef * entropy_bonus(entropy, args.entropy_floor).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(args, step)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
+    if args.save and args.policy == "model":
+        policy.model.save_pretrained(args.save)
+        policy.tokenizer.save_pretrained(args.save)
     name = args.name or f"{args.policy}-{args.estimator}-lr{args.learning_rate:g}-{args.schedule}-seed{args.seed}"
     out = ROOT / "results" / "frozenlake_sim" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
