@@ -183,8 +183,12 @@ class Tempered(torch.nn.Module):
         if hasattr(policy, "moves"):
             self.moves = policy.moves
 
+    def rescale(self, logp: torch.Tensor) -> torch.Tensor:
+        """The wrapped policy's log-probabilities at this temperature."""
+        return torch.log_softmax(logp / self.temperature, -1)
+
     def forward(self, views: list[str]) -> torch.Tensor:
-        return torch.log_softmax(self.policy(views) / self.temperature, -1)
+        return self.rescale(self.policy(views))
 
 
 def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list[list[tuple[str, int, float, tuple[int, int]]]]:
@@ -222,14 +226,18 @@ def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list
     return episodes
 
 
+def move_entropies(policy: Any, logp: torch.Tensor) -> torch.Tensor:
+    """Per row of the policy's log-probabilities, the entropy of the four moves' distribution
+    (renormalised over them for the model, whose vocabulary has other tokens)."""
+    q = torch.log_softmax(logp if not hasattr(policy, "moves") else policy.move_logits(logp), -1)
+    return -(q.exp() * q).sum(-1)
+
+
 def evaluate(policy: Any, maps: list[tuple[str, ...]]) -> dict[str, float]:
     policy.eval()
     greedy, sampled = play(policy, maps, greedy=True), play(policy, maps)
     with torch.no_grad():
-        logp = policy(sorted({turn[0] for episode in sampled for turn in episode}))
-        moves = logp if not hasattr(policy, "moves") else policy.move_logits(logp)
-        q = torch.softmax(moves, -1)
-        entropy = float(-(q * q.clamp(min=1e-12).log()).sum(-1).mean())
+        entropy = float(move_entropies(policy, policy(sorted({turn[0] for episode in sampled for turn in episode}))).mean())
     policy.train()
     won = lambda episodes: float(np.mean([e[-1][2] > 0.5 for e in episodes]))  # noqa: E731
     return {"greedy": won(greedy), "sampled": won(sampled), "move_entropy": entropy, **greedy_losses(policy, greedy)}
@@ -326,13 +334,11 @@ def main() -> None:
             logp, per_reply = policy.reply_logps([turn[0] for _, _, turn in turns], [turn[1] for _, _, turn in turns])
             loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).sum() / (per_reply * len(turns))
         else:
-            logp = tempered(distinct)[[at[turn[0]] for _, _, turn in turns], [turn[1] for _, _, turn in turns]]
+            scores = policy(distinct)
+            logp = (scores if tempered is policy else tempered.rescale(scores))[[at[turn[0]] for _, _, turn in turns], [turn[1] for _, _, turn in turns]]
             loss = -(torch.tensor(advantages, dtype=torch.float32) * logp).mean()
         if args.entropy_coef:  # as the trainer's action_entropy_coef: the legal choice's entropy, per turn
-            moves = policy(distinct)
-            moves = moves if not hasattr(policy, "moves") else policy.move_logits(moves)
-            q = torch.log_softmax(moves, -1)
-            entropy = -(q.exp() * q).sum(-1)[[at[turn[0]] for _, _, turn in turns]]
+            entropy = move_entropies(policy, policy(distinct) if args.whole_reply else scores)[[at[turn[0]] for _, _, turn in turns]]
             loss = loss - args.entropy_coef * entropy_bonus(entropy, args.entropy_floor).mean()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(args, step)
