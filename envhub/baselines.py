@@ -216,6 +216,8 @@ def _search(
     layers, actions = [], []
     for seed in seeds:
         made = build()
+        if not made.searchable:
+            raise PolicyError(f"{made.spec.id if made.spec else type(made).__name__} cannot be searched open-loop (searchable = False)")
         made.reset(seed=int(seed))
         legal = made.valid_actions()
         if legal is None:

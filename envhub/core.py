@@ -136,6 +136,11 @@ class TextEnv(gymnasium.Env[str, str]):
     #: token when asked (``tiny: {phrase_tokens: true}``), so a small model need not learn which
     #: word follows which to read its view. Pretrained tokenizers ignore them.
     phrases: tuple[str, ...] = ()
+    #: Whether the open-loop reference (:func:`envhub.baselines.best_open_loop`) may search this
+    #: env by copying and stepping it. False where a copy cannot be made (state held by a native
+    #: library) or the search could not finish (ALFWorld: a PDDL engine at tens of milliseconds a
+    #: step, commands that differ between tasks); the open-loop reference is then left out.
+    searchable: bool = True
 
     _turn: int = 0
     _observation: str | None = None

@@ -182,6 +182,15 @@ def test_a_factory_works_and_an_open_action_space_is_refused():
     with pytest.raises(PolicyError, match="finite action list"):
         best_open_loop(Open, SEEDS, max_turns=3)
 
+    class Unsearchable(Corridor):
+        searchable = False
+
+        def reset(self, **kwargs):
+            raise AssertionError("an unsearchable env is not played by the search")
+
+    with pytest.raises(PolicyError, match="searchable = False"):
+        best_open_loop(Unsearchable, SEEDS, max_turns=3)
+
 
 @pytest.mark.parametrize("slippery", [False, True], ids=["not-slippery", "slippery"])
 def test_exhaustive_search_matches_brute_force_on_small_lakes(slippery):
