@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The trainer with its TensorBoard extra (report_to: tensorboard); wandb and trackio are extras of their own.
-PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld './trainers[tensorboard]'
+PLUGINS := ./envhub_frozenlake ./envhub_sokoban ./envhub_webshop ./envhub_tools ./envhub_textarena ./envhub_textworld ./envhub_alfworld './trainers[tensorboard]'
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test check docs demo bench bench-learning clean

@@ -44,12 +44,12 @@ def _slow_to_reset(env_spec):
 CHECKED = [s for s in _representatives(ALL_SPECS) if not _slow_to_reset(s)]
 
 #: Ids whose making or checking takes long on 2 cores (WebShop loads its catalog, TextWorld compiles
-#: games, the large QA corpus, big generated levels): `make check` leaves them to `make test`.
+#: games, ALFWorld translates a PDDL problem at every reset, the large QA corpus, big generated levels): `make check` leaves them to `make test`.
 SLOW_IDS = {"tools/MultiHopQALarge-v0", "textarena/Sokoban-medium-v0", "textarena/RushHour-v0"}
 
 
 def _params(specs):
-    slow = lambda s: s.plugin in ("envhub-webshop", "envhub-textworld") or s.id in SLOW_IDS  # noqa: E731
+    slow = lambda s: s.plugin in ("envhub-webshop", "envhub-textworld", "envhub-alfworld") or s.id in SLOW_IDS  # noqa: E731
     return [pytest.param(s, id=s.id, marks=pytest.mark.slow if slow(s) else ()) for s in specs]
 
 

@@ -19,6 +19,7 @@ PLUGINS = [
     ("envhub_tools", "tools/Countdown-v0"),
     ("envhub_textarena", "textarena/TicTacToe-v0"),
     ("envhub_textworld", "textworld/Simple-v0"),
+    ("envhub_alfworld", "alfworld/ALFWorldGenerated-v0"),
 ]
 
 

@@ -47,7 +47,7 @@ def envhub_info(info: dict) -> dict:
 
 
 #: Ids slow to play on 2 cores (big generated levels, compiled games): `make check` leaves them out.
-SLOW_IDS = {"textarena/Sokoban-medium-v0", "textarena/Sudoku-hard-v0", "textworld/Cooking-level3-v0"}
+SLOW_IDS = {"textarena/Sokoban-medium-v0", "textarena/Sudoku-hard-v0", "textworld/Cooking-level3-v0", "alfworld/ALFWorldGenerated-v0"}
 
 
 @pytest.mark.parametrize("env_id", [pytest.param(i, marks=pytest.mark.slow if i in SLOW_IDS else ()) for i in ALL_IDS])

@@ -1,0 +1,302 @@
+"""ALFWorld as an envhub text environment.
+
+One env class plays both sources of games:
+
+- ``source="official"``: the official split's tasks under ``$ALFWORLD_DATA`` (``alfworld-download``),
+  filtered as ALFWorld's ``AlfredTWEnv`` filters them; ``reset(seed=...)`` picks one from ``np_random``.
+- ``source="generated"``: a task built by :func:`envhub_alfworld.tasks.generate_task` from a seed
+  drawn from ``np_random`` (no download needed).
+
+Both are played by TextWorld's ``PddlEnv`` over ALFWorld's domain and grammar, with ALFWorld's own
+name demangling (``apple 1``), so observations are ALFWorld's text.
+
+- ``valid_actions()`` are the admissible commands; anything else is an invalid action that leaves
+  the state unchanged (the observation says so).
+- ``expert_action()`` is the first step of Fast Downward's plan from the current state (ALFWorld's
+  ``planner`` expert), or with ``expert="handcoded"`` ALFWorld's hand-coded TextWorld expert
+  (``HandCodedTWAgent``, driven as its ``AlfredExpert`` wrapper drives it: told every command
+  actually taken). The planner knows where every object is; the hand-coded expert looks for them.
+- The reward is 1 when the task is done (ALFWorld's ``won``), which ends the episode.
+- ``state_key()`` is the task's name and a digest of the PDDL facts, so GiGPO's anchors repeat
+  exactly when the world's state does.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from typing import Any, ClassVar
+
+from envhub.core import TextEnv, stable_key
+from envhub.error import AdapterError, MissingDependency
+from envhub_alfworld import tasks as alf_tasks
+
+INSTALL = "pip install ./envhub_alfworld   (alfworld and textworld[pddl]: its planner compiles with cmake and a C++ compiler)"
+
+#: verl-agent's ALFWorld instructions, for envhub's turn loop (the admissible actions and the reply
+#: format come with every observation).
+INSTRUCTIONS = (
+    "You are an expert agent operating in the ALFRED Embodied Environment. The first observation "
+    "describes the room and ends with your task ('Your task is to: ...'). Each turn, choose one of "
+    "the admissible actions of the current situation (e.g. 'go to countertop 1', 'take apple 1 from "
+    "countertop 1', 'open fridge 1', 'heat apple 1 with microwave 1', 'move apple 1 to diningtable 1', "
+    "'use desklamp 1'). The episode ends when the task is done."
+)
+
+EXPERTS = ("handcoded", "planner")
+
+_TASK = re.compile(r"Your task is to: (.*)$", re.MULTILINE)
+
+
+class ALFWorldEnv(TextEnv):
+    """ALFWorld's household tasks.
+
+    Args:
+        source: ``"generated"`` (built offline from a seed) or ``"official"`` (the download).
+        split: for ``source="official"``: ``"train"``, ``"eval_in_distribution"`` (valid_seen) or
+            ``"eval_out_of_distribution"`` (valid_unseen).
+        task_types: ALFWorld's task type numbers to play (1-6, as in its configs).
+        expert: ``"planner"`` (Fast Downward's plan from the current state, which knows where
+            every object is) or ``"handcoded"`` (ALFWorld's TextWorld expert, which searches).
+        data_root: the folder holding ``json_2.1.1`` (default: ``$ALFWORLD_DATA``).
+        task_reminder: end every observation after the first with the task's sentence ("Your task
+            is to: ..."), as verl-agent's prompt carries it every turn; without it the task is only
+            in the first observation, which a prompt with little history drops.
+        render_mode: ``"ansi"`` or None.
+
+    Raises:
+        MissingDependency: alfworld or its planner is not installed, or the official data is absent.
+        AdapterError: a bad argument.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 1}
+    #: The open-loop reference is left out: the engine's state lives in Fast Downward (no copies),
+    #: and a fixed command sequence cannot carry over between tasks whose commands differ.
+    searchable = False
+
+    def __init__(
+        self,
+        source: str = "generated",
+        *,
+        split: str = "train",
+        task_types: tuple[int, ...] | list[int] = tuple(alf_tasks.TASK_TYPES),
+        expert: str = "planner",
+        data_root: str | None = None,
+        task_reminder: bool = True,
+        render_mode: str | None = None,
+    ):
+        super().__init__(render_mode=render_mode)
+        if source not in ("generated", "official"):
+            raise AdapterError(f"source must be 'generated' or 'official', got {source!r}")
+        if expert not in EXPERTS:
+            raise AdapterError(f"expert must be one of {', '.join(EXPERTS)}, got {expert!r}")
+        types = tuple(sorted(set(task_types)))
+        if not types or any(t not in alf_tasks.TASK_TYPES for t in types):
+            raise AdapterError(f"task_types must be ALFWorld's numbers 1-6, got {list(task_types)!r}")
+        try:
+            import textworld
+            from textworld.envs import PddlEnv  # noqa: F401  (raises without the planner)
+            from textworld.envs.pddl.pddl import fast_downward_missing
+            import alfworld  # noqa: F401
+        except ImportError as exc:
+            raise MissingDependency(f"ALFWorld is not installed: {INSTALL}") from exc
+        if fast_downward_missing:
+            raise MissingDependency(f"TextWorld's PDDL planner (fast-downward-textworld) is missing: {INSTALL}")
+        self.source, self.split, self.task_types, self.expert = source, split, types, expert
+        self.task_reminder = bool(task_reminder)
+        self._official: tuple[alf_tasks.OfficialTask, ...] = ()
+        if source == "official":
+            root = alf_tasks.data_root() if data_root is None else alf_tasks.Path(data_root) / "json_2.1.1"
+            if root is None or not root.is_dir():
+                raise MissingDependency(f"ALFWorld's games are not downloaded: {alf_tasks.DOWNLOAD}")
+            try:
+                self._official = alf_tasks.official_tasks(str(root), split, types)
+            except ValueError as exc:
+                raise AdapterError(str(exc)) from None
+            if not self._official:
+                raise MissingDependency(f"no playable ALFWorld games under {root / alf_tasks.SPLITS[split]}")
+        # The planner's plan is computed when asked for (``expert_action``), not after every step.
+        self._infos = textworld.EnvInfos(admissible_commands=True, won=True, facts=True)
+        self._game: Any = None
+        self._state: Any = None
+        self._expert: Any = None
+        self._expert_rng = random.Random(0)
+        self._next_expert: str | None = None
+        self._plan: tuple[str, list[str]] | None = None  # (state key, plan) of the last replan
+        self.task_name = ""
+        self.task_type = ""
+        self.task = ""  # the task's sentence, from the first observation
+        self.instructions = INSTRUCTIONS
+
+    # ------------------------------------------------------------------ TextEnv hooks
+
+    def _reset(self, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+
+        if self.source == "official":
+            task = self._official[int(self.np_random.integers(len(self._official)))]
+            data, traj_data = task.load()
+            self.task_name = task.name
+        else:
+            seed = int(self.np_random.integers(2**31))
+            kind = alf_tasks.TASK_TYPES[self.task_types[int(self.np_random.integers(len(self.task_types)))]]
+            generated = alf_tasks.generate_task(seed, kind)
+            data, traj_data = generated.data, generated.traj_data
+            self.task_name = f"generated/{seed}"
+        self.task_type = traj_data["task_type"]
+        if self._game is not None:
+            self._game.close()
+        self._game = AlfredDemangler(_pddl_env_class()(self._infos))
+        self._game.load(data)
+        self._state = self._game.reset()
+        self._expert_rng = random.Random(int(self.np_random.integers(2**31)))
+        self._start_expert(traj_data)
+        found = _TASK.search(self._state.feedback)
+        self.task = found.group(1).strip() if found else ""
+        info = {"task": self.task_name, "task_type": self.task_type}
+        return self._state.feedback, info
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        self._state, _, _ = self._game.step(action)
+        self._follow_expert(action)
+        won = bool(self._state.won)
+        observation = self._state.feedback
+        if self.task_reminder and self.task:
+            observation = f"{observation}\n\nYour task is to: {self.task}"
+        return observation, float(won), won, {"task": self.task_name, "task_type": self.task_type, "won": won}
+
+    def valid_actions(self) -> list[str]:
+        """The admissible commands now (empty once the task is done)."""
+        if self._state is None or self._state.won:
+            return []
+        return list(self._state.admissible_commands or [])
+
+    def expert_action(self) -> str | None:
+        """The expert's next command, or None where it has none (the task is done, or the
+        hand-coded expert ran out of steps)."""
+        if self._state is None or self._state.won:
+            return None
+        if self.expert == "planner":
+            plan = self.plan()
+            return plan[0] if plan and plan[0] in self.valid_actions() else None
+        return self._next_expert
+
+    def plan(self) -> list[str]:
+        """Fast Downward's shortest plan from the current state (every object's place known), as
+        commands; empty where none is found. Cached per state."""
+        if self._state is None:
+            return []
+        key = self.state_key()
+        if self._plan is None or self._plan[0] != key:
+            game = self._game.unwrapped
+            self._plan = (key, list(game._pddl_state.replan(game._entity_infos) or []))
+        return list(self._plan[1])
+
+    def state_key(self) -> str:
+        """The task and a digest of the world's PDDL facts."""
+        facts = sorted(str(fact) for fact in (self._state["_facts"] if self._state is not None else []))
+        return f"{self.task_name}:{stable_key(chr(10).join(facts), 32)}"
+
+    def is_success(self) -> bool:
+        """Whether the task is done (ALFWorld's ``won``)."""
+        return bool(self._state is not None and self._state.won)
+
+    def render_text(self) -> str:
+        """The latest observation."""
+        return "" if self._state is None else str(self._state.feedback)
+
+    def close(self) -> None:
+        """Close the game being played."""
+        if self._game is not None:
+            self._game.close()
+            self._game = None
+
+    # ------------------------------------------------------------------ the hand-coded expert
+
+    def _start_expert(self, traj_data: dict[str, Any]) -> None:
+        """ALFWorld's ``HandCodedTWAgent.reset``, from the task's parameters rather than a file."""
+        self._next_expert, self._plan = None, None
+        if self.expert != "handcoded":
+            return
+        import alfworld.gen.constants as constants
+        from alfworld.agents.expert import HandCodedTWAgent
+
+        agent = HandCodedTWAgent(max_steps=200)
+        params = {**traj_data["pddl_params"], "task_type": traj_data["task_type"]}
+        agent.task_params = {k: v.lower() if v in constants.OBJECTS else v for k, v in params.items()}
+        agent.policy = agent.get_task_policy(agent.task_params)(agent.task_params, max_steps=agent.max_steps)
+        self._expert = agent
+        with self._seeded_expert():
+            agent.observe(self._state.feedback)
+        self._next_expert = "look"  # what AlfredExpert plans before the expert has acted
+
+    def _follow_expert(self, command: str) -> None:
+        """Tell the hand-coded expert what was done (as AlfredExpert does after every step)."""
+        if self.expert != "handcoded" or self._expert is None:
+            return
+        from alfworld.agents.expert import HandCodedAgentTimeout
+
+        try:
+            with self._seeded_expert():
+                action = self._expert.act(self._state, 0, self._state.won, command)
+        except (HandCodedAgentTimeout, IndexError, KeyError, ValueError):
+            self._expert, self._next_expert = None, None
+            return
+        self._next_expert = action if action in (self._state.admissible_commands or []) else "look"
+
+    def _seeded_expert(self) -> Any:
+        """The expert draws on the ``random`` module; point it at this episode's stream for the
+        call, so the expert's choices repeat with the seed."""
+        return _ModuleRandom(self._expert_rng)
+
+
+@functools.lru_cache(maxsize=1)
+def _pddl_env_class() -> type:
+    """TextWorld's ``PddlEnv``, with a first ``reset`` after ``load`` that plays the state ``load``
+    just built. ``PddlEnv`` translates the PDDL problem with Fast Downward in ``load`` (to name the
+    entities) and again in every ``reset``; at about 0.6 s a translation on this machine, that was
+    most of an episode's cost. Later resets translate as before. (TextWorld 1.7.0, pinned.)"""
+    from textworld.core import GameState
+    from textworld.envs import PddlEnv
+
+    class OnceTranslatedPddlEnv(PddlEnv):
+        _loaded_state: Any = None
+
+        def load(self, filename_or_data: Any) -> None:
+            super().load(filename_or_data)
+            self._loaded_state = self._pddl_state
+
+        def reset(self) -> Any:
+            if self._loaded_state is None:
+                return super().reset()
+            self._pddl_state, self._loaded_state = self._loaded_state, None
+            # PddlEnv.reset from here on, without its PddlState(...).
+            self.prev_state = None
+            self.state = GameState()
+            self._last_action = None
+            self._moves = 0
+            context = {"state": self._pddl_state, "facts": list(self._pddl_state.facts), "variables": {},
+                       "mapping": {}, "entity_infos": self._entity_infos}
+            self.state.feedback = self._logic.grammar.derive("#intro#", context)
+            self.state.raw = self.state.feedback
+            self._gather_infos()
+            return self.state
+
+    return OnceTranslatedPddlEnv
+
+
+class _ModuleRandom:
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+
+    def __enter__(self) -> None:
+        from alfworld.agents.expert import handcoded_expert
+
+        self.saved = handcoded_expert.random
+        handcoded_expert.random = self.rng
+
+    def __exit__(self, *exc: Any) -> None:
+        from alfworld.agents.expert import handcoded_expert
+
+        handcoded_expert.random = self.saved

@@ -1,0 +1,245 @@
+"""The envhub-alfworld plugin: generated ALFWorld tasks, official-layout task folders, the envhub contract.
+
+Each reset translates the task's PDDL problem with Fast Downward (about half a second on 2 cores),
+so these tests play a handful of episodes each.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import envhub
+
+pytest.importorskip("alfworld")
+pytest.importorskip("fast_downward")
+from envhub_alfworld.env import ALFWorldEnv  # noqa: E402
+from envhub_alfworld.tasks import TASK_TYPES, generate_task, mangle, official_tasks  # noqa: E402
+
+GENERATED = "alfworld/ALFWorldGenerated-v0"
+ENVHUB = str(Path(sys.executable).parent / "envhub")
+
+
+def play_expert(env, seed, turns=50):
+    env.reset(seed=seed)
+    for _ in range(turns):
+        action = env.expert_action()
+        if action is None:
+            break
+        _, _, terminated, truncated, info = env.step(action)
+        assert info["action_is_valid"], action
+        if terminated or truncated:
+            break
+    return env.is_success()
+
+
+def test_mangle_writes_alfred_ids_as_alfworlds_pddl_does():
+    assert mangle("Apple|-01.25|+00.90|-02.10") == "Apple_bar__minus_01_dot_25_bar__plus_00_dot_90_bar__minus_02_dot_10"
+    assert mangle("Sink|+01.00|+00.90|-00.50|SinkBasin").endswith("_bar_SinkBasin")
+
+
+def test_one_seed_generates_the_same_task_in_another_process():
+    here = generate_task(11)
+    code = "from envhub_alfworld.tasks import generate_task; t = generate_task(11); print(t.pddl_problem + t.sentence)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout == here.pddl_problem + here.sentence + "\n"
+    assert generate_task(12).pddl_problem != here.pddl_problem
+
+
+@pytest.mark.parametrize("task_type", list(TASK_TYPES.values()))
+def test_every_task_type_is_generated_unsolved_and_the_planner_expert_wins_it(task_type):
+    kind = next(k for k, v in TASK_TYPES.items() if v == task_type)
+    env = ALFWorldEnv(task_types=[kind])
+    observation, info = env.reset(seed=3)
+    assert info["task_type"] == task_type and not info["success"]
+    assert "Your task is to: " in observation and env.task in observation
+    assert play_expert(env, 3)
+    # Every later observation carries the task too (verl-agent's prompt does).
+    env.reset(seed=3)
+    observation, *_ = env.step(env.valid_actions()[0])
+    assert observation.endswith(f"Your task is to: {env.task}")
+
+
+def test_generated_objects_sit_where_alfred_lets_them_and_never_in_the_target_receptacle():
+    import alfworld.gen.constants as constants
+
+    for seed in range(20):
+        task = generate_task(seed)
+        params = task.traj_data["pddl_params"]
+        for receptacle, objects in task.objects.items():
+            kind = receptacle.split("|", 1)[0]
+            kind = {"Sink": "SinkBasin", "Bathtub": "BathtubBasin"}.get(kind, kind)
+            for alfred_id in objects:
+                obj = alfred_id.split("|", 1)[0]
+                if obj in ("DeskLamp", "FloorLamp"):
+                    assert obj == params["toggle_target"]
+                    continue
+                assert obj in constants.VAL_RECEPTACLE_OBJECTS[kind], (seed, obj, kind)
+                if obj == params["object_target"]:
+                    assert kind != params["parent_target"]
+
+
+def test_a_command_outside_the_admissible_ones_is_invalid_and_changes_nothing():
+    env = envhub.make(GENERATED)
+    observation, info = env.reset(seed=5)
+    key = info["state_key"]
+    for bad in ("fly to the moon", "", "go to"):
+        observation, reward, terminated, truncated, info = env.step(bad)
+        assert info["action_is_valid"] is False and reward == 0.0 and not terminated
+        assert observation.startswith("Invalid action:") and info["state_key"] == key
+
+
+def test_the_state_key_repeats_when_the_world_does():
+    env = envhub.make(GENERATED)
+    _, info = env.reset(seed=7)
+    start = info["state_key"]
+    receptacle = next(a for a in env.valid_actions() if a.startswith("go to "))
+    _, _, _, _, there = env.step(receptacle)
+    assert there["state_key"] != start
+    _, _, _, _, again = env.step(receptacle)  # going where the agent already is changes no fact
+    assert again["state_key"] == there["state_key"]
+
+
+def test_the_handcoded_expert_is_alfworlds_and_repeats_with_the_seed():
+    runs = []
+    for _ in range(2):
+        env = ALFWorldEnv(expert="handcoded")
+        env.reset(seed=2)
+        actions = []
+        for _ in range(12):
+            action = env.expert_action()
+            actions.append(action)
+            if action is None or env.step(action)[2]:
+                break
+        runs.append(actions)
+    assert runs[0] == runs[1] and runs[0][0] == "look"
+
+
+def test_unknown_arguments_are_one_line_errors():
+    from envhub.error import AdapterError
+
+    with pytest.raises(AdapterError, match="source"):
+        ALFWorldEnv(source="web")
+    with pytest.raises(AdapterError, match="task_types"):
+        ALFWorldEnv(task_types=[7])
+    with pytest.raises(AdapterError, match="expert"):
+        ALFWorldEnv(expert="oracle")
+
+
+def _official_layout(root, seeds):
+    """An official download's layout, as ``alfworld-download`` leaves it, from generated tasks:
+    ``json_2.1.1/<split>/<task>/<trial>/{traj_data.json, initial_state.pddl}`` (no game.tw-pddl),
+    plus one movable-receptacle folder that ALFWorld's filter drops."""
+    for split in ("train", "valid_seen", "valid_unseen"):
+        for seed in seeds:
+            task = generate_task(seed)
+            params = task.traj_data["pddl_params"]
+            folder = root / "json_2.1.1" / split / f"{task.task_type}-{params['object_target']}-None-{params['parent_target'] or 'None'}-{task.floor_plan}" / f"trial_T{seed:05d}"
+            task.write(folder)
+            (folder / "game.tw-pddl").unlink()
+        moved = root / "json_2.1.1" / split / "pick_and_place_with_movable_recep-Apple-Bowl-Fridge-1" / "trial_T0"
+        task.write(moved)
+
+
+def test_official_layout_folders_are_found_and_filtered_as_alfworld_does(tmp_path):
+    _official_layout(tmp_path, range(4))
+    found = official_tasks(str(tmp_path / "json_2.1.1"), "eval_in_distribution")
+    assert len(found) == 4 and all("movable" not in t.name for t in found)
+    simple_only = official_tasks(str(tmp_path / "json_2.1.1"), "train", (1,))
+    assert all(json.loads((t.folder / "traj_data.json").read_text())["task_type"] == "pick_and_place_simple" for t in simple_only)
+    env = ALFWorldEnv(source="official", split="eval_out_of_distribution", data_root=str(tmp_path))
+    observation, info = env.reset(seed=0)
+    assert info["task"].split("/")[1].startswith("trial_T") and "Your task is to: " in observation
+    assert play_expert(env, 0)
+
+
+def test_without_the_download_the_official_ids_are_listed_unavailable_with_the_command(tmp_path):
+    env = {**os.environ, "ALFWORLD_DATA": str(tmp_path / "nothing"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([ENVHUB, "list", "--unavailable", "alfworld/*"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "alfworld/ALFWorldEvalOutOfDistribution-v0" in out.stdout and "alfworld-download" in out.stdout
+
+
+@pytest.mark.slow
+def test_envhub_check_passes_on_the_official_ids_over_an_official_layout_fixture(tmp_path):
+    _official_layout(tmp_path, range(3))
+    env = {**os.environ, "ALFWORLD_DATA": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    listed = subprocess.run([ENVHUB, "list", "alfworld/*"], capture_output=True, text=True, timeout=120, env=env)
+    assert "alfworld/ALFWorld-v0" in listed.stdout, listed.stderr
+    out = subprocess.run([ENVHUB, "check", "alfworld/ALFWorldEvalInDistribution-v0"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0 and "checks passed" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_planner_expert_wins_every_one_of_24_generated_tasks():
+    env = envhub.make(GENERATED)
+    assert all(play_expert(env, seed) for seed in range(24))
+
+
+def _expert_record(seed):
+    from click.testing import CliRunner
+
+    from envhub.cli import cli
+
+    result = CliRunner().invoke(cli, ["run", GENERATED, "--policy", "expert", "--seed", str(seed), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+@pytest.mark.slow
+def test_trls_environment_factory_plays_the_episode_envhub_run_plays():
+    from envhub.integrations.trl import environment_factory
+
+    record = _expert_record(2)
+    env = environment_factory(GENERATED)()
+    prompt = env.reset(seed=2)
+    assert record["transcript"][0]["observation"] in prompt
+    for turn in record["transcript"][1:]:
+        result = env.act(turn["action"])
+        assert turn["observation"] in result
+    assert env.success is True and env.get_reward() == pytest.approx(record["return"]) == 1.0
+
+
+@pytest.mark.slow
+def test_envhub_serve_plays_the_episode_envhub_run_plays():
+    pytest.importorskip("openenv")
+    import socket
+    import time
+    import urllib.request
+
+    from openenv.core import GenericEnvClient
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([ENVHUB, "serve", GENERATED, "--port", str(port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "envhub serve did not start"
+            time.sleep(0.2)
+        record = _expert_record(2)
+        with GenericEnvClient(base_url=url).sync() as client:
+            result = client.reset(seed=2)
+            assert result.observation["text"] == record["transcript"][0]["observation"]
+            for turn in record["transcript"][1:]:
+                result = client.step({"text": f"<answer>{turn['action']}</answer>"})
+                assert result.observation["text"] == turn["observation"]
+            assert result.done is True and client.state()["success"] is True
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
