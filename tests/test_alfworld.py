@@ -208,30 +208,10 @@ def test_trls_environment_factory_plays_the_episode_envhub_run_plays():
 @pytest.mark.slow
 def test_envhub_serve_plays_the_episode_envhub_run_plays():
     pytest.importorskip("openenv")
-    import socket
-    import time
-    import urllib.request
-
     from openenv.core import GenericEnvClient
+    from serve_helpers import serving
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([ENVHUB, "serve", GENERATED, "--port", str(port)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "envhub serve did not start"
-            time.sleep(0.2)
+    with serving(GENERATED) as url:
         record = _expert_record(2)
         with GenericEnvClient(base_url=url).sync() as client:
             result = client.reset(seed=2)
@@ -240,6 +220,3 @@ def test_envhub_serve_plays_the_episode_envhub_run_plays():
                 result = client.step({"text": f"<answer>{turn['action']}</answer>"})
                 assert result.observation["text"] == turn["observation"]
             assert result.done is True and client.state()["success"] is True
-    finally:
-        process.terminate()
-        process.wait(timeout=10)

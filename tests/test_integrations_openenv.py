@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,48 +16,16 @@ from click.testing import CliRunner  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 
 from envhub.cli import cli  # noqa: E402
+from serve_helpers import serving  # noqa: E402
 
 ENV = "sokoban/Sokoban-v0"
-START_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server():
     """``envhub serve ENV`` in a child process on a free port, up to 2 sessions; stopped at the end."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "envhub", "serve", ENV, "--port", str(port), "--max-sessions", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"envhub serve exited with {process.returncode}: {process.stdout.read()}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"envhub serve did not answer on {url} within {START_TIMEOUT_S} s")
-            time.sleep(0.2)
+    with serving(ENV, "--max-sessions", "2") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def expert_record(seed: int) -> dict:
