@@ -137,6 +137,7 @@ KNOWN_PLUGINS = {
     "webshop": "envhub-webshop",
     "textarena": "envhub-textarena",
     "textworld": "envhub-textworld",
+    "alfworld": "envhub-alfworld",
     "gym": "envhub",
     "pettingzoo": "envhub[pettingzoo]",
 }

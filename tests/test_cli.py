@@ -247,10 +247,11 @@ def test_unknown_id_hints_name_only_real_distributions(monkeypatch):
     result = CliRunner().invoke(cli, ["info", "frozenlake/FrozenLak-v0"])
     assert "Did you mean 'frozenlake/FrozenLake-v0'" in result.output and "pip install" not in result.output
     # A namespace of a known plugin that is not installed gets that plugin's real name.
-    # (envhub-textarena is installed now, so a namespace no distribution here provides stands in.)
-    monkeypatch.setitem(registration.KNOWN_PLUGINS, "alfworld", "envhub-alfworld")
-    result = CliRunner().invoke(cli, ["info", "alfworld/Alfworld-v0"])
-    assert "Its plugin is not installed: pip install 'envhub-alfworld'" in result.output
+    # (envhub-textarena and envhub-alfworld are installed now, so a namespace no distribution here
+    # provides stands in.)
+    monkeypatch.setitem(registration.KNOWN_PLUGINS, "minigrid", "envhub-minigrid")
+    result = CliRunner().invoke(cli, ["info", "minigrid/Empty-v0"])
+    assert "Its plugin is not installed: pip install 'envhub-minigrid'" in result.output
 
 
 def test_policy_errors_point_at_the_real_cure():
