@@ -8,7 +8,8 @@ commands (the same random stream on both sides), with its expert computed as in 
 with ``expert="handcoded"`` asked for its action every turn, and, as a third row, envhub's default
 planner expert. Resets count: a step rate here is turns per second of whole episodes. Then it
 describes ``--stats`` generated tasks (types, planner plan lengths, scene sizes) beside the
-official split's task counts.
+official split's task counts, and plays ``--experts`` tasks with each expert and ``--random``
+held-out tasks with random admissible commands.
 
     python bench/alfworld_steps.py [--episodes 4] [--rounds 3] [--turns 30]
 
@@ -126,6 +127,37 @@ def task_statistics(count: int) -> dict:
     }
 
 
+def policy_success(count: int, first_seed: int, policy: str, turns: int = 50) -> dict:
+    """Success over ``count`` generated tasks from ``first_seed``: an expert (``planner`` or
+    ``handcoded``) played to the end, or ``random`` admissible commands (seeded stream)."""
+    from envhub_alfworld.env import ALFWorldEnv
+
+    env = ALFWorldEnv(expert="handcoded" if policy == "handcoded" else "planner")
+    env.max_turns = turns
+    rng = np.random.default_rng(0)
+    won: dict[str, list[int]] = {}
+    commands = 0
+    for seed in range(first_seed, first_seed + count):
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            if policy == "random":
+                legal = env.valid_actions()
+                action = legal[int(rng.integers(len(legal)))]
+            else:
+                action = env.expert_action()
+                if action is None:
+                    break
+            _, _, terminated, truncated, _ = env.step(action)
+            commands += 1
+            done = terminated or truncated
+        won.setdefault(env.task_type, []).append(int(env.is_success()))
+    env.close()
+    total = sum(sum(v) for v in won.values())
+    return {"policy": policy, "tasks": count, "first_seed": first_seed, "won": total, "commands_per_task": commands / count,
+            "per_type": {kind: [sum(v), len(v)] for kind, v in sorted(won.items())}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=4, help="episodes per side per round")
@@ -133,6 +165,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--games", type=int, default=12)
     parser.add_argument("--stats", type=int, default=100, help="generated tasks to describe (0: none)")
+    parser.add_argument("--experts", type=int, default=100, help="generated tasks (seeds 0..) each expert plays to the end, 50 turns (0: none)")
+    parser.add_argument("--random", type=int, default=40, help="held-out generated tasks (seeds 1e9..) of random admissible commands, 50 turns (0: none)")
     args = parser.parse_args()
     from envhub_alfworld.env import ALFWorldEnv
 
@@ -165,8 +199,15 @@ def main() -> None:
         for kind, row in stats["per_type"].items():
             print(f"  {kind:32s} {row['share']:6.1%} of tasks (official train split {row['official_train_share']:5.1%}), "
                   f"plans {row['plan_mean']:.2f} commands on average, {row['plan_max']} at most")
+    policies = [policy_success(args.experts, 0, name) for name in ("planner", "handcoded") if args.experts]
+    if args.random:
+        policies.append(policy_success(args.random, 10**9, "random"))
+    for row in policies:
+        types = ", ".join(f"{kind} {w}/{n}" for kind, (w, n) in row["per_type"].items())
+        print(f"{row['policy']:9s} won {row['won']}/{row['tasks']} (seeds from {row['first_seed']}), "
+              f"{row['commands_per_task']:.2f} commands a task; {types}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "rows": rows, "task_statistics": stats}, indent=2))
+    RESULTS.write_text(json.dumps({"args": vars(args), "rows": rows, "task_statistics": stats, "policies": policies}, indent=2))
 
 
 if __name__ == "__main__":
