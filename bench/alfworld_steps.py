@@ -161,7 +161,7 @@ def policy_success(count: int, first_seed: int, policy: str, turns: int = 50) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=4, help="episodes per side per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; each plays every side in turn, so load shifts hit all alike")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; each plays every side in turn, so load shifts hit all alike (0: no step rates)")
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--games", type=int, default=12)
     parser.add_argument("--stats", type=int, default=100, help="generated tasks to describe (0: none)")
@@ -187,8 +187,8 @@ def main() -> None:
         theirs.close()
         for env in ours.values():
             env.close()
-    base = rows[names[0]]["steps"] / rows[names[0]]["seconds"]
-    for name, row in rows.items():
+    base = rows[names[0]]["steps"] / rows[names[0]]["seconds"] if args.rounds else 0.0
+    for name, row in rows.items() if args.rounds else ():
         row["steps_per_s"] = row["steps"] / row["seconds"]
         row["ratio_to_alfworld"] = row["steps_per_s"] / base
         print(f"{name:42s} {row['steps_per_s']:6.2f} steps/s  ({row['steps']} steps in {row['seconds']:.1f} s)  x{row['ratio_to_alfworld']:.2f}")
