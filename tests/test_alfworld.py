@@ -156,6 +156,19 @@ def test_official_layout_folders_are_found_and_filtered_as_alfworld_does(tmp_pat
     assert play_expert(env, 0)
 
 
+def test_an_unreadable_official_game_is_a_one_line_error(tmp_path):
+    from envhub.error import AdapterError
+
+    _official_layout(tmp_path, [0])
+    for folder in (tmp_path / "json_2.1.1" / "train").glob("*/trial_T*"):
+        if "movable" not in str(folder):
+            (folder / "initial_state.pddl").write_text("(define (problem broken")
+    env = ALFWorldEnv(source="official", split="train", data_root=str(tmp_path))
+    with pytest.raises(AdapterError, match="does not load") as caught:
+        env.reset(seed=0)
+    assert "\n" not in str(caught.value)
+
+
 def test_without_the_download_the_official_ids_are_listed_unavailable_with_the_command(tmp_path):
     env = {**os.environ, "ALFWORLD_DATA": str(tmp_path / "nothing"), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run([ENVHUB, "list", "--unavailable", "alfworld/*"],

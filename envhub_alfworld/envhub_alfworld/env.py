@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+from pathlib import Path
 from typing import Any, ClassVar
 
 from envhub.core import TextEnv, stable_key
@@ -107,7 +108,7 @@ class ALFWorldEnv(TextEnv):
         self.task_reminder = bool(task_reminder)
         self._official: tuple[alf_tasks.OfficialTask, ...] = ()
         if source == "official":
-            root = alf_tasks.data_root() if data_root is None else alf_tasks.Path(data_root) / "json_2.1.1"
+            root = alf_tasks.data_root() if data_root is None else Path(data_root) / "json_2.1.1"
             if root is None or not root.is_dir():
                 raise MissingDependency(f"ALFWorld's games are not downloaded: {alf_tasks.DOWNLOAD}")
             try:
@@ -136,8 +137,11 @@ class ALFWorldEnv(TextEnv):
 
         if self.source == "official":
             task = self._official[int(self.np_random.integers(len(self._official)))]
-            data, traj_data = task.load()
             self.task_name = task.name
+            try:
+                data, traj_data = task.load()
+            except (OSError, ValueError, KeyError) as exc:
+                raise AdapterError(f"ALFWorld game {task.folder} cannot be read: {type(exc).__name__}: {exc}") from None
         else:
             seed = int(self.np_random.integers(2**31))
             kind = alf_tasks.TASK_TYPES[self.task_types[int(self.np_random.integers(len(self.task_types)))]]
@@ -148,7 +152,11 @@ class ALFWorldEnv(TextEnv):
         if self._game is not None:
             self._game.close()
         self._game = AlfredDemangler(_pddl_env_class()(self._infos))
-        self._game.load(data)
+        try:
+            self._game.load(data)
+        except Exception as exc:  # the PDDL parser's and the planner's errors have no common base
+            self._game = None
+            raise AdapterError(f"ALFWorld game {self.task_name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from None
         self._state = self._game.reset()
         self._expert_rng = random.Random(int(self.np_random.integers(2**31)))
         self._start_expert(traj_data)
