@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from envhub.cli import cli
+from serve_helpers import free_port
 
 
 def test_proxy_command_refuses_an_unknown_generator_and_model():
@@ -24,18 +24,13 @@ def test_proxy_command_refuses_an_unknown_generator_and_model():
     assert result.exit_code == 1 and "Error" in result.output
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_envhub_proxy_serves_a_model_folder(tmp_path: Path):
     from envhub_trl.tiny import build_tiny
 
     folder = build_tiny(tmp_path / "tiny", env_ids=["frozenlake/FrozenLake-v0"])
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "envhub", "proxy", "--model", str(folder), "--served-name", "tiny", "--port", str(port)]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:

