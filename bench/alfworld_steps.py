@@ -100,7 +100,6 @@ def task_statistics(count: int) -> dict:
     """Over ``count`` generated tasks (seeds 0..count-1): each type's share, and its planner plan's
     length from the start, with the scene's receptacles and placed objects."""
     from envhub_alfworld.env import ALFWorldEnv
-    from envhub_alfworld.tasks import generate_task
 
     env = ALFWorldEnv()
     per_type: dict[str, list[int]] = {}
@@ -108,8 +107,7 @@ def task_statistics(count: int) -> dict:
     for seed in range(count):
         env.reset(seed=seed)
         per_type.setdefault(env.task_type, []).append(len(env.plan()))
-        task = generate_task(int(env.task_name.split("/")[1]), env.task_type)
-        declared = task.pddl_problem.split("(:init", 1)[0]
+        declared = env.pddl_problem.split("(:init", 1)[0]
         receptacles.append(declared.count(" - receptacle"))
         objects.append(declared.count(" - object"))
     env.close()

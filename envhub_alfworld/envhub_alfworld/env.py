@@ -127,6 +127,7 @@ class ALFWorldEnv(TextEnv):
         self._plan: tuple[str, list[str]] | None = None  # (state key, plan) of the last replan
         self.task_name = ""
         self.task_type = ""
+        self.pddl_problem = ""  # the game's PDDL problem
         self.task = ""  # the task's sentence, from the first observation
         self.instructions = INSTRUCTIONS
 
@@ -149,6 +150,7 @@ class ALFWorldEnv(TextEnv):
             data, traj_data = generated.data, generated.traj_data
             self.task_name = f"generated/{seed}"
         self.task_type = traj_data["task_type"]
+        self.pddl_problem = data["pddl_problem"]
         if self._game is not None:
             self._game.close()
         self._game = AlfredDemangler(_pddl_env_class()(self._infos))

@@ -200,13 +200,15 @@ class GeneratedTask:
         return folder
 
 
-def _layout(floor_plan: int) -> tuple[list[str], dict[str, list[float]]]:
+@functools.lru_cache(maxsize=None)
+def _layout(floor_plan: int) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[float, ...]], ...]]:
+    """The floor plan's object types and its receptacles' poses, sorted by ALFRED id (read once a process)."""
     import alfworld.gen
 
     folder = Path(alfworld.gen.__file__).parent / "layouts"
     objects = json.loads((folder / f"FloorPlan{floor_plan}-objects.json").read_text())
     receptacles = json.loads((folder / f"FloorPlan{floor_plan}-openable.json").read_text())
-    return objects, receptacles
+    return tuple(objects), tuple((alfred_id, tuple(pose)) for alfred_id, pose in sorted(receptacles.items()))
 
 
 def _room(floor_plan: int) -> str:
@@ -226,7 +228,7 @@ class _Scene:
         objects, placed = _layout(floor_plan)
         self.receptacles: dict[str, str] = {}  # ALFRED id -> type
         self.location: dict[str, str] = {}  # ALFRED id -> location name
-        for alfred_id, pose in sorted(placed.items()):
+        for alfred_id, pose in placed:
             kind = alfred_id.split("|", 1)[0]
             basin = _BASINS.get(kind)
             rid = f"{alfred_id}|{basin}" if basin else alfred_id
@@ -312,7 +314,7 @@ def generate_task(seed: int, task_type: str | None = None, max_distractors: int 
     construction (the tests check it with the expert).
     """
     rng = random.Random(seed)
-    constants, goals, _, _ = _alfworld()
+    constants, _, _, _ = _alfworld()
     task_type = task_type or rng.choice(list(TASK_TYPES.values()))
     if task_type not in TASK_TYPES.values():
         raise ValueError(f"unknown ALFWorld task type {task_type!r}; choose one of {', '.join(TASK_TYPES.values())}")
