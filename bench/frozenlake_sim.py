@@ -25,7 +25,10 @@ entropy of the four moves' distribution given the view.
 
 The levers the second plateau was screened with (docs/results-rl-alone.md): ``--step-weight``
 (GiGPO's ω), ``--anchor context``, ``--entropy-coef``/``--entropy-floor`` (the trainer's
-``action_entropy_coef``/``action_entropy_floor``), ``--temperature``, ``--groups``/``--group-size``.
+``action_entropy_coef``/``action_entropy_floor``), ``--temperature``, ``--groups``/``--group-size``; and where the episodes go: ``--replay`` (a share of
+each step's maps replayed from those whose last group was neither all won nor all lost, drawn by
+p(1-p), as sampling for learnability does) and ``--epsilon`` (a uniformly random move in place of
+the sampled one, with that probability a turn).
 Each evaluation also says how the greedy episodes that lost ended (``hole_in_view``: a step into a
 hole the view showed). ``--save DIR`` keeps the trained model; ``--steps 0`` only evaluates a start.
 
@@ -191,8 +194,9 @@ class Tempered(torch.nn.Module):
         return self.rescale(self.policy(views))
 
 
-def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list[list[tuple[str, int, float, tuple[int, int]]]]:
-    """Each map played once: per turn (view, token, reward, position before the move)."""
+def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False, epsilon: float = 0.0) -> list[list[tuple[str, int, float, tuple[int, int]]]]:
+    """Each map played once: per turn (view, token, reward, position before the move). With
+    ``epsilon``, each sampled move is replaced by a uniformly random one with that probability."""
     moves = getattr(policy, "moves", [0, 1, 2, 3])
     where = [(0, 0)] * len(maps)
     live = list(range(len(maps)))
@@ -207,6 +211,9 @@ def play(policy: Any, maps: list[tuple[str, ...]], greedy: bool = False) -> list
         at = {v: k for k, v in enumerate(distinct)}
         rows = logp[[at[v] for v in shown]]
         tokens = rows.argmax(-1) if greedy else torch.distributions.Categorical(logits=rows).sample()
+        if epsilon:
+            swap = torch.rand(len(tokens)) < epsilon
+            tokens = torch.where(swap, torch.tensor(moves)[torch.randint(len(moves), (len(tokens),))], tokens)
         still = []
         for i, text, token in zip(live, shown, tokens.tolist()):
             (row, col), reward = where[i], 0.0
@@ -266,6 +273,27 @@ def format_start(policy: ModelPolicy, steps: int) -> None:
         optimizer.step()
 
 
+def replay_pick(buffer: dict[int, float], count: int, rng: np.random.Generator) -> list[int]:
+    """``count`` distinct map seeds from the buffer, drawn in proportion to their learnability."""
+    count = min(count, len(buffer))
+    if not count:
+        return []
+    seeds = sorted(buffer)
+    weights = np.array([buffer[s] for s in seeds])
+    return [int(s) for s in rng.choice(seeds, size=count, replace=False, p=weights / weights.sum())]
+
+
+def replay_update(buffer: dict[int, float], seeds: list[int], success: np.ndarray, size: int) -> None:
+    """Score each played map by p(1-p) of its group's success; keep the ``size`` most learnable."""
+    for seed, p in zip(seeds, success):
+        if 0.0 < p < 1.0:
+            buffer[seed] = float(p * (1.0 - p))
+        else:
+            buffer.pop(seed, None)
+    for seed in sorted(buffer, key=buffer.get)[: max(len(buffer) - size, 0)]:
+        del buffer[seed]
+
+
 def learning_rate(args: argparse.Namespace, step: int) -> float:
     warm = min(1.0, (step + 1) / args.warmup_steps)
     return args.learning_rate * warm * (0.5 * (1 + math.cos(math.pi * step / args.steps)) if args.schedule == "cosine" else 1.0)
@@ -291,6 +319,9 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.95, help="gigpo: the step returns' discount")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="action_entropy_coef: the four moves' entropy (renormalised) added to the objective, weighted as a turn")
     parser.add_argument("--entropy-floor", type=float, default=None, help="action_entropy_floor: reward the entropy only up to this floor")
+    parser.add_argument("--epsilon", type=float, default=0.0, help="the training episodes: each move replaced by a uniformly random one with this probability (trained on as sampled)")
+    parser.add_argument("--replay", type=float, default=0.0, help="the share of a step's maps replayed from the learnable maps seen (0 < its group's success < 1), drawn by p(1-p) (sampling for learnability)")
+    parser.add_argument("--replay-size", type=int, default=64, help="the most maps the replay buffer holds (the most learnable kept)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0, help="the training episodes' sampling temperature (the loss reads the same tempered log-probabilities, as TRL's does)")
     parser.add_argument("--save", default=None, help="model: save the trained model to this folder")
@@ -304,15 +335,19 @@ def main() -> None:
     tempered = policy if args.temperature == 1.0 else Tempered(policy, args.temperature)
     validation = [random_map(SIDE, P_ICE, VALIDATION + i) for i in range(256)]
     next_map, curve, started = args.seed * 10**6, [], time.time()
+    buffer: dict[int, float] = {}
+    rng = np.random.default_rng(args.seed)
     for step in range(args.steps + 1):
         if step % args.eval_every == 0 or step == args.steps:
             curve.append({"step": step, **evaluate(policy, validation), "seconds": round(time.time() - started, 1)})
             print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in curve[-1].items()), flush=True)
         if step == args.steps:
             break
-        maps = [random_map(SIDE, P_ICE, next_map + g) for g in range(args.groups) for _ in range(args.group_size)]
-        next_map += args.groups
-        episodes = play(tempered, maps)
+        replayed = replay_pick(buffer, round(args.replay * args.groups), rng)
+        seeds = replayed + list(range(next_map, next_map + args.groups - len(replayed)))
+        next_map += args.groups - len(replayed)
+        maps = [random_map(SIDE, P_ICE, s) for s in seeds for _ in range(args.group_size)]
+        episodes = play(tempered, maps, epsilon=args.epsilon)
         turns = [(e, t, turn) for e, episode in enumerate(episodes) for t, turn in enumerate(episode)]
         rewards = np.array([turn[2] for _, _, turn in turns])
         trajectory = np.array([e for e, _, _ in turns])
@@ -328,6 +363,9 @@ def main() -> None:
             )["advantages"]
         else:
             advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm=args.norm)[trajectory]
+        if args.replay:
+            won = np.bincount(trajectory, weights=rewards, minlength=len(episodes)) > 0.5
+            replay_update(buffer, seeds, won.reshape(len(seeds), args.group_size).mean(axis=1), args.replay_size)
         distinct = sorted({turn[0] for _, _, turn in turns})
         at = {v: k for k, v in enumerate(distinct)}
         if args.whole_reply:  # as the trainer: the move and </answer>, each token weighted alike
