@@ -21,6 +21,7 @@ from envhub.actions import ReplyFormat
 from envhub.chat import end_of_turn_ids
 from envhub.core import TextEnv
 from envhub.error import PolicyError
+from envhub.tools import ToolCall
 
 
 class Policy(Protocol):
@@ -169,7 +170,7 @@ class Completion:
 class Generator(Protocol):
     """Anything that completes a batch of token-id prompts.
 
-    Implementations: :class:`RandomGenerator` and :class:`ExpertGenerator` here; ``HFGenerator``
+    Implementations: :class:`RandomGenerator`, :class:`RandomToolCallGenerator` and :class:`ExpertGenerator` here; ``HFGenerator``
     and ``VLLMGenerator`` in the trainer package (``envhub_trl.generators``). A generator that
     needs ``Prompt.expert_action`` sets the class attribute ``uses_expert = True``.
     """
@@ -192,6 +193,11 @@ class _ActionGenerator:
     def _action(self, prompt: Prompt) -> str:
         raise NotImplementedError
 
+    def _reply(self, prompt: Prompt) -> str:
+        """The whole reply: the action in the prompt's reply format, or ``<answer>ACTION</answer>``."""
+        action = self._action(prompt)
+        return prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>"
+
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingParams) -> list[Completion]:
         """Return one reply per prompt, tokenised (ending with the token that ends a turn, as a model's
         reply does: :func:`envhub.chat.end_of_turn_ids`) if a tokenizer was given."""
@@ -199,8 +205,7 @@ class _ActionGenerator:
             self._turn_end = end_of_turn_ids(self.tokenizer)[:1]
         completions = []
         for prompt in prompts:
-            action = self._action(prompt)
-            text = prompt.continued(prompt.reply_format.render(action) if prompt.reply_format is not None else f"<answer>{action}</answer>")
+            text = prompt.continued(self._reply(prompt))
             ids: list[int] = []
             if self.tokenizer is not None:
                 ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + (self._turn_end or [])
@@ -261,6 +266,51 @@ class RandomMappingGenerator(_ActionGenerator):
         shown = repr(prompt.messages[-1]["content"]) if prompt.messages else ",".join(map(str, prompt.token_ids))
         digest = hashlib.blake2b(shown.encode(), key=self.key, digest_size=8).digest()
         return prompt.valid_actions[int.from_bytes(digest, "little") % len(prompt.valid_actions)]
+
+
+class RandomToolCallGenerator(_ActionGenerator):
+    """Replies with one call of a uniformly random tool of the prompt's ``tools``, its required
+    arguments drawn uniformly from their JSON schemas: a format-only demonstrator for chat agents
+    (the proxy hands it each request's tools), whose replies teach the tool-call format and nothing
+    of the task.
+
+    A required parameter must say what its values are: an ``enum``, a ``boolean``, or an
+    ``integer`` with ``minimum`` and ``maximum``; optional parameters are left out.
+
+    Args:
+        seed: seeds the choice of tools and arguments.
+        tokenizer: a Hugging Face tokenizer to turn replies into token ids (None: text only).
+
+    Raises:
+        PolicyError: (when generating) for a prompt without tools, or a required parameter whose
+            values its schema does not list.
+    """
+
+    def __init__(self, seed: int | None = None, tokenizer: Any | None = None):
+        super().__init__(tokenizer)
+        self.rng = np.random.default_rng(seed)
+
+    def _value(self, tool: str, name: str, schema: Any) -> Any:
+        schema = schema if isinstance(schema, dict) else {}
+        if schema.get("enum"):
+            return schema["enum"][int(self.rng.integers(len(schema["enum"])))]
+        if schema.get("type") == "boolean":
+            return bool(self.rng.integers(2))
+        if schema.get("type") == "integer" and isinstance(schema.get("minimum"), int) and isinstance(schema.get("maximum"), int):
+            return int(self.rng.integers(schema["minimum"], schema["maximum"] + 1))
+        raise PolicyError(
+            f"the random tool caller cannot draw {tool}.{name}: its schema lists no values "
+            "(give it an enum, a boolean type, or an integer with minimum and maximum)"
+        )
+
+    def _reply(self, prompt: Prompt) -> str:
+        if not prompt.tools:
+            raise PolicyError("the random tool caller needs the prompt's tools")
+        function = prompt.tools[int(self.rng.integers(len(prompt.tools)))].get("function", {})
+        name, parameters = function.get("name", ""), function.get("parameters") or {}
+        properties = parameters.get("properties") or {}
+        arguments = {key: self._value(name, key, properties.get(key)) for key in parameters.get("required") or ()}
+        return ToolCall(name, arguments).render()
 
 
 class ExpertGenerator(_ActionGenerator):

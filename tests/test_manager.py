@@ -424,6 +424,37 @@ def test_a_random_mapping_with_a_share_mixes_in_uniform_moves():
         RandomMappingGenerator(share=1.5)
 
 
+def test_the_random_tool_caller_draws_a_tool_and_its_arguments_from_the_schemas():
+    import json
+
+    from envhub.generation import RandomToolCallGenerator
+    from envhub.tools import parse_tool_calls
+
+    def tool(name, properties, required):
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+    tools = [
+        tool("move", {"direction": {"type": "string", "enum": ["left", "down"]}, "note": {"type": "string"}}, ["direction"]),
+        tool("wait", {"long": {"type": "boolean"}, "turns": {"type": "integer", "minimum": 1, "maximum": 3}}, ["long", "turns"]),
+    ]
+    prompts = [Prompt([], [{"role": "user", "content": "go"}], tools=tools)] * 400
+    texts = [c.text for c in RandomToolCallGenerator(seed=3).generate(prompts, SamplingParams())]
+    calls = [parse_tool_calls(text, {t["function"]["name"]: t for t in tools}).calls[0] for text in texts]
+    assert {c.name for c in calls} == {"move", "wait"}
+    assert {json.dumps(dict(c.arguments), sort_keys=True) for c in calls if c.name == "move"} == {'{"direction": "left"}', '{"direction": "down"}'}
+    waits = [dict(c.arguments) for c in calls if c.name == "wait"]
+    assert {w["long"] for w in waits} == {True, False} and {w["turns"] for w in waits} == {1, 2, 3}
+    assert texts == [c.text for c in RandomToolCallGenerator(seed=3).generate(prompts, SamplingParams())]  # seeded
+    tokenizer = CharTokenizer()
+    prefilled = RandomToolCallGenerator(seed=3, tokenizer=tokenizer).generate([Prompt([], [], tools=tools[:1], reply_prefix="<tool_call>")], SamplingParams())[0]
+    assert prefilled.text.startswith('\n{"name": "move"') and prefilled.token_ids[-1:] == end_of_turn_ids(tokenizer)[:1]
+    with pytest.raises(PolicyError, match="needs the prompt's tools"):
+        RandomToolCallGenerator().generate([Prompt([], [])], SamplingParams())
+    free = [tool("say", {"text": {"type": "string"}}, ["text"])]
+    with pytest.raises(PolicyError, match="cannot draw say.text"):
+        RandomToolCallGenerator().generate([Prompt([], [], tools=free)], SamplingParams())
+
+
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_a_reply_prefix_ends_every_prompt_and_starts_every_reply(layout):
     """An assistant prefill: the prompt ends with the prefix's tokens (not sampled, env-masked),
