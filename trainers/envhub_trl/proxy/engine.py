@@ -238,7 +238,13 @@ class ChatProxy:
         else:
             with self._start_lock:
                 seeds = [int(s) for s in self._seeds.integers(0, 2**31 - 1, size=request.n)]
-        prompt = Prompt(token_ids=list(prompt_ids), messages=[], stop_strings=request.stop)
+        # Model generators read the ids; a model-free one (a random tool caller) reads the request's
+        # messages and tools, and writes its whole reply, less the prefilled start.
+        shown = self.view.tools(request)
+        if shown and request.tool_choice not in ("auto", "none", "required"):  # a named tool: the reply calls it
+            shown = [tool for tool in shown if tool["function"]["name"] == request.tool_choice]
+        prompt = Prompt(token_ids=list(prompt_ids), messages=list(request.messages), tools=shown, reply_prefix=prefill(request),
+                        stop_strings=request.stop)
         futures = [
             self._submit(prompt, SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, seed=seed))
             for seed in seeds
