@@ -30,6 +30,21 @@ def test_phrase_tokens_make_each_clause_of_the_view_one_token_and_leave_the_rest
     assert tokenizer("Reach the goal.").input_ids == plain("Reach the goal.").input_ids
 
 
+def test_tool_call_tokens_make_the_call_scaffolding_one_token_each():
+    from envhub.tools import ToolCall
+
+    from envhub_trl.tiny import TOOL_CALL_PHRASES
+
+    _, tokenizer = TinySpec(tool_call_tokens=True).build([LAKE], 0)
+    _, plain = TinySpec().build([LAKE], 0)
+    call = ToolCall("move", {"direction": "down"}).render()
+    pieces = [tokenizer.decode([i]) for i in tokenizer(call).input_ids]
+    assert all(phrase in pieces for phrase in ('<tool_call>', '</tool_call>', '{"name": ', ', "arguments": '))
+    assert "".join(pieces) == call and len(pieces) < len(plain(call).input_ids) / 2
+    assert len(tokenizer) == len(plain) + len(TOOL_CALL_PHRASES)
+    assert tokenizer("Reach the goal.").input_ids == plain("Reach the goal.").input_ids
+
+
 def test_system_per_episode_merges_the_system_message_into_fewer_tokens():
     kwargs = {LAKE: {"view": "local"}}
     _, once = TinySpec().build([LAKE], 0, kwargs_by_env=kwargs)
