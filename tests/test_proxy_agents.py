@@ -165,6 +165,24 @@ def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
     assert "Call the move tool" in tokenizer.decode(list(session.calls[1].env_ids))
 
 
+def test_a_format_only_start_records_the_agents_sessions_with_random_tool_calls(server):
+    from envhub_trl.proxy.agents import format_samples
+
+    play = load_agent("examples/agents/frozenlake_openai.py:play")
+    tokenizer = server.proxy.tokenizer
+    samples, sessions = format_samples(play, [{"seed": s} for s in range(6)], tokenizer, seed=1)
+    assert all(s.error is None and s.reward in (0.0, 1.0) and s.breaks == 0 for s in sessions)
+    assert len(samples) == 6  # each session folded into one sample
+    for sample, session in zip(samples, sessions):
+        learnt = [t for t, m in zip(sample.completion_ids, sample.env_mask) if m]
+        assert learnt == [t for call in session.calls for t in call.choices[0].token_ids]
+        assert all(call.choices[0].tool_calls and call.choices[0].tool_calls[0]["function"]["name"] == "move" for call in session.calls)
+    again, _ = format_samples(play, [{"seed": s} for s in range(6)], tokenizer, seed=1)
+    assert [s.completion_ids for s in again] == [s.completion_ids for s in samples]  # seeded
+    with pytest.raises(ValueError, match="needs the prompt's tools"):
+        format_samples(talker, [{"id": 0}], tokenizer)
+
+
 def test_the_countdown_example_agent_gets_the_envs_reward(server):
     import envhub
     from envhub_trl.proxy.agents import load_agent

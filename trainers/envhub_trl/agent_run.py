@@ -4,8 +4,14 @@ The run reads its config as ``envhub train`` does (a :class:`~envhub_trl.run_spe
 ``EnvGRPOTrainer(..., agent=..., tasks=...)`` (:mod:`envhub_trl.agent_rollouts`), plays the agent
 greedily once on each held-out task before and after training, and writes ``final/`` (the model
 and tokenizer) and ``results.json`` (the figures, the agent, the config and the log history) into
-the output folder. A warm start, which imitates an env's expert, has no meaning for an agent and
-is refused.
+the output folder.
+
+An agent has no env expert to imitate, so its warm start is format-only
+(``warm_start.demonstrator: random``): the agent plays ``warm_start.episodes`` training tasks with
+a random tool caller answering its calls (:func:`envhub_trl.proxy.agents.format_samples`), and
+the model learns those replies in the agent's own prompts for ``warm_start.steps`` steps. A model
+that cannot yet call tools (a freshly built tiny model) then starts RL from valid, random calls,
+where groups differ, instead of from replies that all fail alike.
 """
 
 from __future__ import annotations
@@ -48,8 +54,12 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     from envhub_trl.proxy.agents import load_agent
     from envhub_trl.trainer import EnvGRPOTrainer
 
-    if spec.warm_start.active:
-        raise click.ClickException("a warm start imitates an env's expert; an --agent run has none (set warm_start.steps: 0)")
+    warm_start = spec.warm_start
+    if warm_start.active and (warm_start.demonstrator != "random" or warm_start.dagger_rounds or warm_start.world_model):
+        raise click.ClickException(
+            "an --agent run's warm start is format-only: warm_start.demonstrator: random (a random tool caller answers the "
+            "agent's calls), without dagger_rounds or world_model; an agent has no env expert to imitate"
+        )
     try:
         agent = load_agent(agent_ref)
     except ValueError as exc:
@@ -60,11 +70,15 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     model, tokenizer = load_model_and_tokenizer(spec.model, [e.env_id for e in entries], args.seed, tiny=spec.tiny if spec.model == "tiny" else None)
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, agent=agent, tasks=tasks)
     click.echo(f"agent {agent_ref}: {len(tasks)} training tasks, {len(held_out)} held-out; evaluating the initial model", err=True)
-    before = trainer.agents.evaluate(trainer, held_out)
+    evaluations = {"initial model": trainer.agents.evaluate(trainer, held_out)}
+    warm_seconds = 0.0
+    if warm_start.active:
+        warm_seconds = _format_warm_start(trainer, agent, tasks, warm_start)
+        evaluations["after the warm start"] = trainer.agents.evaluate(trainer, held_out)
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     seconds = time.perf_counter() - started
-    after = trainer.agents.evaluate(trainer, held_out)
+    evaluations["after RL"] = trainer.agents.evaluate(trainer, held_out)
     trainer.agents.close()
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
@@ -74,8 +88,10 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
         "model": spec.model,
         "tasks": tasks_path,
         "held_out": eval_tasks_path or f"the first {len(held_out)} training tasks",
-        "evaluations": {"initial model": before, "after RL": after},
+        "evaluations": evaluations,
+        "warm_start": warm_start.describe() if warm_start.active else None,
         "steps": trainer.state.global_step,
+        "warm_start_seconds": warm_seconds,
         "rl_seconds": seconds,
         "estimator": args.advantage_estimator,
         "log_history": trainer.state.log_history,
@@ -84,9 +100,30 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     return results
 
 
+def _format_warm_start(trainer: Any, agent: Any, tasks: list[Any], warm_start: Any) -> float:
+    """The format-only warm start on ``trainer``'s model (module docstring); returns its seconds."""
+    from envhub_trl.lora import fold_adapter
+    from envhub_trl.proxy.agents import format_samples
+
+    begun = time.perf_counter()
+    args, tokenizer = trainer.args, trainer.processing_class
+    played = [tasks[k % len(tasks)] for k in range(warm_start.episodes)]
+    click.echo(f"warm start: the agent on {len(played)} training tasks with a random tool caller answering its calls", err=True)
+    try:
+        samples, _ = format_samples(agent, played, tokenizer, seed=args.seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"warm start: {warm_start.steps} supervised steps on {len(samples)} samples", err=True)
+    warm_start.train_on(trainer.model, tokenizer, samples, seed=args.seed, bf16=bool(args.bf16))
+    fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0
+    trainer.weights_changed()  # a vLLM generator still holds the initial weights
+    trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
+    return time.perf_counter() - begun
+
+
 def print_agent_results(results: dict[str, Any], output_dir: str) -> None:
     """The before/after table ``envhub train --agent`` prints."""
-    click.echo(f"{'':16}{'success':>10}{'mean reward':>14}{'failed':>8}")
+    click.echo(f"{'':22}{'success':>10}{'mean reward':>14}{'failed':>8}")
     for stage, figures in results["evaluations"].items():
-        click.echo(f"{stage:16}{figures['success_rate']:>10.1%}{figures['mean_reward']:>14.3f}{figures['failed']:>8.0f}")
+        click.echo(f"{stage:22}{figures['success_rate']:>10.1%}{figures['mean_reward']:>14.3f}{figures['failed']:>8.0f}")
     click.echo(f"held out: {results['held_out']}; {results['steps']} steps of {results['estimator']}\nresults: {Path(output_dir) / 'results.json'}")

@@ -397,11 +397,7 @@ class WarmStart:
                 mapping_share=self.mapping_share, world_model=self.world_model,
             )
         ]
-        optimizer = torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate)
-        train = dict(
-            batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, optimizer=optimizer, learning_rate=self.learning_rate,
-            lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm, bf16=bf16,
-        )
+        train = self._train_settings(model, tokenizer, bf16)
         losses = supervised_steps(model, samples, self.steps, seed=seed, **train) if self.steps else []
         if self.dagger_rounds:
             from envhub_trl.generators import backend
@@ -422,6 +418,19 @@ class WarmStart:
                 on_round(round_, played)
             losses += supervised_steps(model, samples, self.dagger_steps, seed=seed + round_ + 1, **train)
         return losses
+
+    def _train_settings(self, model: Any, tokenizer: Any, bf16: bool) -> dict[str, Any]:
+        """:func:`supervised_steps`' settings, with one optimizer for every call that shares them."""
+        return dict(
+            batch_size=self.batch_size, pad_id=tokenizer.pad_token_id, learning_rate=self.learning_rate,
+            optimizer=torch.optim.AdamW(trainable_parameters(model), lr=self.learning_rate),
+            lr_schedule=self.lr_schedule, warmup_steps=self.warmup_steps, max_grad_norm=self.max_grad_norm, bf16=bf16,
+        )
+
+    def train_on(self, model: Any, tokenizer: Any, samples: Sequence[Sample], seed: int = 0, bf16: bool = False) -> list[float]:
+        """The ``steps`` supervised steps on given ``samples`` (an agent's sessions with a random tool
+        caller: :func:`envhub_trl.proxy.agents.format_samples`); returns each step's loss."""
+        return supervised_steps(model, samples, self.steps, seed=seed, **self._train_settings(model, tokenizer, bf16)) if self.steps else []
 
     def describe(self) -> str:
         """In words, for progress messages."""

@@ -27,7 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from envhub.trajectory import Trajectory
+from envhub.error import PolicyError
+from envhub.generation import RandomToolCallGenerator
+from envhub.trajectory import Sample, Trajectory, to_samples
+from envhub_trl.proxy.engine import ChatProxy
 from envhub_trl.proxy.server import ProxyServer
 from envhub_trl.proxy.sessions import Session, session_trajectory
 
@@ -143,6 +146,46 @@ def agent_trajectories(groups: Sequence[Sequence[Session]], seeds: Sequence[int]
                 error = session.error or "the agent made no call to the proxy"
                 out.append(Trajectory(env_id=env_id, group_id=g, member=m, seed=seeds[g], index=index, error=error, end_reason="error"))
     return out
+
+
+class _Watched:
+    """A generator that remembers the first :class:`~envhub.error.PolicyError` it raised (the proxy
+    answers it as a server error, which the agent sees without the reason)."""
+
+    def __init__(self, generator: Any):
+        self.generator, self.error = generator, None
+
+    def generate(self, prompts: Sequence[Any], sampling: Any) -> list[Any]:
+        try:
+            return self.generator.generate(prompts, sampling)
+        except PolicyError as exc:
+            self.error = self.error or str(exc)
+            raise
+
+
+def format_samples(agent: Agent, tasks: Sequence[Any], tokenizer: Any, *, seed: int = 0, deadline: float = 600.0) -> tuple[list[Sample], list[Session]]:
+    """The agent's sessions on ``tasks`` (one each) with every call answered by a random tool caller
+    (:class:`~envhub.generation.RandomToolCallGenerator`), as samples whose replies are the caller's:
+    a format-only warm start, which teaches the model the agent's tool-call format in the agent's own
+    prompts, and nothing of the task. Each reply is learnt whatever the session's reward.
+
+    The sessions run one after another (the caller answers at once), so the caller's draws, and
+    the samples, are the same in every run with the same ``seed``. Returns the samples and the sessions.
+
+    Raises:
+        ValueError: if no session made a call the caller could answer (the caller's reason, or the
+            first session's error).
+    """
+    caller = _Watched(RandomToolCallGenerator(seed=seed, tokenizer=tokenizer))
+    sessions: list[Session] = []
+    with ProxyServer(ChatProxy(caller, tokenizer, model="*")) as server:
+        for task in tasks:
+            sessions.append(play_agents(agent, [task], 1, server, deadline=deadline).sessions[0][0])
+    samples = [sample for sample in to_samples(agent_trajectories([[s] for s in sessions])) if any(sample.env_mask)]
+    if not samples:
+        errors = [s.error for s in sessions if s.error]
+        raise ValueError(f"the format-only warm start has no reply to learn: {caller.error or (errors[0] if errors else 'no session made a call')}")
+    return samples, sessions
 
 
 def load_agent(reference: str) -> Agent:
