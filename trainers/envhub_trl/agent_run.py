@@ -72,7 +72,7 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     click.echo(f"agent {agent_ref}: {len(tasks)} training tasks, {len(held_out)} held-out; evaluating the initial model", err=True)
     evaluations = {"initial model": trainer.agents.evaluate(trainer, held_out)}
     warm_seconds = 0.0
-    if warm_start.active:
+    if warm_start.active and not resume:  # a resumed run's checkpoint already holds it
         warm_seconds = _format_warm_start(trainer, agent, tasks, warm_start)
         evaluations["after the warm start"] = trainer.agents.evaluate(trainer, held_out)
     started = time.perf_counter()
