@@ -16,6 +16,7 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import threading
 import traceback
 from typing import Any
 
@@ -96,6 +97,11 @@ class PluginHost:
         self._partial = False
         #: Plugin -> registrations it made, while loading early, in namespaces nobody owns by name.
         self._deferred: dict[str, list[tuple[str, Any, dict[str, Any]]]] = {}
+        #: Held while plugins load: a thread that needs the registry waits for another's load to
+        #: end instead of finding it half filled (re-entrant: a plugin's import loads its namespace).
+        self._lock = threading.RLock()
+        #: Set once the full load has ended (``loaded`` is set as it begins).
+        self._done = False
 
     def _scan(self) -> list[_Planned]:
         """Read the entry points (once) and plan the load: every allowed plugin, in load order."""
@@ -127,36 +133,46 @@ class PluginHost:
         return plan
 
     def load(self) -> None:
-        """Load every (allowed) default and entry-point plugin and run its hooks, once."""
-        if self.loaded:
+        """Load every (allowed) default and entry-point plugin and run its hooks, once. Safe to
+        call from several threads: the others wait for the one that loads."""
+        if self._done:
             return
-        self.loaded = True
-        for planned in self._scan():
-            if planned.name in self._started:
-                # Loaded early for one namespace: its registrations in namespaces nobody owns by
-                # name run now, at its place in the order, so that "first to register" does not
-                # depend on which id was made first.
-                self._replay_deferred(planned.name)
-            else:
-                self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
+        with self._lock:
+            if self.loaded:  # done, or loading further up this thread's stack
+                return
+            self.loaded = True
+            try:
+                for planned in self._scan():
+                    if planned.name in self._started:
+                        # Loaded early for one namespace: its registrations in namespaces nobody owns by
+                        # name run now, at its place in the order, so that "first to register" does not
+                        # depend on which id was made first.
+                        self._replay_deferred(planned.name)
+                    else:
+                        self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
+            finally:
+                self._done = True
 
     def load_namespace(self, namespace: str) -> None:
         """Load only the distribution named ``envhub-<namespace>`` (if installed and allowed)."""
-        if self.loaded:
+        if self._done:
             return
-        plan = self._scan()
-        owner = self.owners.get(namespace)
-        if owner is None:
-            return
-        # Restored, not reset: a plugin package's import calls this again while it loads
-        # (load_on_import), and the outer load must still defer.
-        outer, self._partial = self._partial, True
-        try:
-            for planned in plan:
-                if planned.dist == owner and planned.name not in self._started:
-                    self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
-        finally:
-            self._partial = outer
+        with self._lock:
+            if self.loaded:
+                return
+            plan = self._scan()
+            owner = self.owners.get(namespace)
+            if owner is None:
+                return
+            # Restored, not reset: a plugin package's import calls this again while it loads
+            # (load_on_import), and the outer load must still defer.
+            outer, self._partial = self._partial, True
+            try:
+                for planned in plan:
+                    if planned.dist == owner and planned.name not in self._started:
+                        self._load_one(planned.name, planned.version, planned.entry_point, planned.loader)
+            finally:
+                self._partial = outer
 
     def _replay_deferred(self, name: str) -> None:
         info = self.infos.get(name)

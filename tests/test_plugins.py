@@ -373,6 +373,27 @@ def test_making_an_env_loads_only_the_plugin_of_its_namespace_and_listing_loads_
     assert first == "['envhub_frozenlake.plugin']" and after_listing == "True"
 
 
+def test_threads_that_make_envs_at_once_in_a_fresh_process_all_find_them():
+    """The first lookups race the plugins' loading: each thread waits for it to end, none finds a
+    half-filled registry (an agent's sessions, each making its env in its own thread, found
+    'no environment ... is registered' in all but one)."""
+    code = (
+        "import threading, envhub\n"
+        "barrier, errors = threading.Barrier(16), []\n"
+        "def make(k):\n"
+        "    barrier.wait()\n"
+        "    try:\n"
+        "        envhub.make(['frozenlake/FrozenLakeNotSlippery-v0', 'sokoban/Sokoban-v0'][k % 2]).reset(seed=k)\n"
+        "    except Exception as exc:\n"
+        "        errors.append(type(exc).__name__)\n"
+        "threads = [threading.Thread(target=make, args=(k,)) for k in range(16)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "envhub.registry.values()\n"
+        "print(errors)"
+    )
+    assert _python(code) == "[]"
+
+
 def test_entry_points_are_read_once_by_a_namespace_load_and_the_full_load(monkeypatch):
     monkeypatch.syspath_prepend(str(FIXTURES))
     scans = []
