@@ -15,7 +15,16 @@ Overhead is proxy seconds over direct seconds (the target of issue 45 is at most
 warm-up round of each; the two alternate ``--repeats`` times (each going first in turn), and the best of each side and the
 median of the per-repeat ratios are reported. Prints the figures and writes ``bench/results/proxy.json``.
 
-Usage: ``python bench/proxy.py [--sessions 64] [--turns 4] [--max-tokens 16] [--repeats 3] [--model smollm2-135m]``
+Then, one call at a time with a generator that answers at once, what a call costs apart from
+generation: through ``ChatProxy.complete`` (the proxy's own work), from the ``openai`` client over
+HTTP, and the client's own work with no server at all (an HTTP transport that answers at once).
+
+``--agents process`` runs the agents in a process of their own, as agents deployed apart from the
+trainer do: the ``openai`` client's own work on each call (building and checking the request's
+parameters, reading the response into its models) then no longer shares this process's
+interpreter lock with the proxy and the generator.
+
+Usage: ``python bench/proxy.py [--sessions 64] [--turns 4] [--max-tokens 16] [--repeats 3] [--model smollm2-135m] [--agents process]``
 (with ``--model``, it writes ``bench/results/proxy-MODEL.json``).
 """
 
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import pathlib
 import platform
@@ -36,7 +46,7 @@ import openai
 import torch
 
 from envhub.chat import ChatTokens
-from envhub.generation import Prompt, SamplingParams
+from envhub.generation import Completion, Prompt, SamplingParams
 from envhub_trl.generators import HFGenerator
 from envhub_trl.proxy import ChatProxy, ProxyServer
 
@@ -83,12 +93,13 @@ def direct(generator: Counted, sessions: int, turns: int, max_tokens: int) -> fl
     return time.perf_counter() - start
 
 
-def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: int, tag: str) -> tuple[float, int]:
-    """Seconds to play every session's turns as concurrent OpenAI-client agents; and the fold breaks."""
+def _play_agents(base_url: str, sessions: int, turns: int, max_tokens: int, tag: str) -> float:
+    """Seconds for ``sessions`` OpenAI-client agent threads to play their turns against ``base_url``,
+    from the moment all are ready (clients made, connections not yet opened) to the last one's end."""
     barrier = threading.Barrier(sessions + 1)
 
     def agent(s: int) -> None:
-        client = openai.OpenAI(base_url=server.base_url, api_key=f"{tag}-{s}", max_retries=0)
+        client = openai.OpenAI(base_url=base_url, api_key=f"{tag}-{s}", max_retries=0)
         messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(s, 0)}]
         barrier.wait()
         for turn in range(turns):
@@ -102,9 +113,97 @@ def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: in
     start = time.perf_counter()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def _agents_process(base_url: str, sessions: int, turns: int, max_tokens: int, tag: str, out: Any) -> None:
+    out.send(_play_agents(base_url, sessions, turns, max_tokens, tag))
+
+
+def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: int, tag: str, agents: str = "threads") -> tuple[float, int]:
+    """Seconds to play every session's turns as concurrent OpenAI-client agents; and the fold breaks.
+    ``agents="process"`` runs the agent threads in a process of their own (spawned, so its start is
+    not timed), as agents deployed apart from the trainer run; else they share this process."""
+    if agents == "process":
+        receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
+        child = multiprocessing.get_context("spawn").Process(target=_agents_process, args=(server.base_url, sessions, turns, max_tokens, tag, send))
+        child.start()
+        seconds = receive.recv()
+        child.join()
+    else:
+        seconds = _play_agents(server.base_url, sessions, turns, max_tokens, tag)
     breaks = sum(server.proxy.store.find(f"{tag}-{s}").breaks for s in range(sessions))
     return seconds, breaks
+
+
+def client_cost(turns: int, max_tokens: int, calls: int = 256) -> float:
+    """Milliseconds of the ``openai`` client's own work per call in one agent's loop, with no server:
+    its HTTP transport answers every request at once with a canned completion of ``max_tokens``
+    tokens' text. What an agent pays on each call whatever serves it."""
+    import httpx2
+
+    canned = json.dumps({
+        "id": "chatcmpl-0", "object": "chat.completion", "created": 0, "model": "tiny",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": " Down" * max_tokens}, "finish_reason": "length", "logprobs": None}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": max_tokens, "total_tokens": 1 + max_tokens},
+    }).encode()
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, content=canned, headers={"content-type": "application/json"}))
+    client = openai.OpenAI(base_url="http://agent.invalid/v1", api_key="client-cost", max_retries=0, http_client=httpx2.Client(transport=transport))
+    done, start = 0, time.perf_counter()
+    while done < calls:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
+        for turn in range(turns):
+            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=turn)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": _user(0, turn + 1)}]
+            done += 1
+    return (time.perf_counter() - start) / done * 1e3
+
+
+class Instant:
+    """A generator that answers every request at once with the same ``max_tokens`` tokens: the
+    proxy's own work per call, with no generation in it."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int):
+        ids = tokenizer.encode(" Down" * max_tokens, add_special_tokens=False)[:max_tokens]
+        self.completion = Completion(text=tokenizer.decode(ids), token_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="length")
+
+    def generate_each(self, prompts: list[Prompt], samplings: list[SamplingParams]) -> list[Completion]:
+        return [self.completion for _ in prompts]
+
+
+def per_call_costs(tokenizer: Any, turns: int, max_tokens: int, sessions: int = 32) -> dict[str, float]:
+    """Milliseconds a call, one call at a time, with a generator that answers at once (:class:`Instant`):
+    ``proxy_ms`` through :meth:`ChatProxy.complete` (rendering, prompt ids, the hand-off to the
+    generator's worker, recording, the response), ``http_ms`` the same calls made by the ``openai``
+    client over HTTP (the client's own work, the transport and the server included)."""
+    proxy = ChatProxy(Instant(tokenizer, max_tokens), tokenizer, model="tiny", batch_wait_s=0.0, straggler_wait_s=0.0)
+
+    def through_complete(tag: str) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
+        for turn in range(turns):
+            message = proxy.complete({"model": "tiny", "messages": messages, "max_tokens": max_tokens, "seed": turn}, tag)["choices"][0]["message"]
+            messages += [{k: v for k, v in message.items() if v is not None}, {"role": "user", "content": _user(0, turn + 1)}]
+
+    def through_http(client: openai.OpenAI) -> None:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
+        for turn in range(turns):
+            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=turn)
+            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": _user(0, turn + 1)}]
+
+    with ProxyServer(proxy) as server:
+        clients = [openai.OpenAI(base_url=server.base_url, api_key=f"cost-{s}", max_retries=0) for s in range(2 * sessions)]
+        for s in range(sessions // 4):  # warm-up: connections, the template's first rendering
+            through_complete(f"warm-{s}")
+            through_http(clients[sessions + s])
+        start = time.perf_counter()
+        for s in range(sessions):
+            through_complete(f"complete-{s}")
+        proxy_ms = (time.perf_counter() - start) / (sessions * turns) * 1e3
+        start = time.perf_counter()
+        for client in clients[:sessions]:
+            through_http(client)
+        http_ms = (time.perf_counter() - start) / (sessions * turns) * 1e3
+    return {"proxy_ms": proxy_ms, "http_ms": http_ms}
 
 
 def main() -> None:
@@ -114,6 +213,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="smollm2-135m, a model folder or a hub id (default: the tiny model, built here).")
+    parser.add_argument("--agents", choices=("threads", "process"), default="threads",
+                        help="where the agents run: threads of this process (as the trainer runs agent callables), or a process of their own")
     parser.add_argument("--straggler-wait-s", type=float, default=None,
                         help="the proxy's straggler_wait_s (default: ChatProxy's; 0 batches as before it existed)")
     options = parser.parse_args()
@@ -134,18 +235,18 @@ def main() -> None:
     server = ProxyServer(ChatProxy(counted, generator.tokenizer, model="tiny", **waits)).start()
     turns_total = options.sessions * options.turns
     direct(counted, options.sessions, 1, options.max_tokens)  # warm-up, not counted: first calls compile and connect
-    through_proxy(server, options.sessions, 1, options.max_tokens, "warm-up")
+    through_proxy(server, options.sessions, 1, options.max_tokens, "warm-up", options.agents)
     counted.take()
     rows = []
     for repeat in range(options.repeats):
         if repeat % 2:  # alternate which side goes first, so that a change of load falls on both
-            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}")
+            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", options.agents)
             proxy_batches = counted.take()
             direct_s = direct(counted, options.sessions, options.turns, options.max_tokens)
         else:
             direct_s = direct(counted, options.sessions, options.turns, options.max_tokens)
             counted.take()
-            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}")
+            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", options.agents)
             proxy_batches = counted.take()
         rows.append({"direct_s": direct_s, "proxy_s": proxy_s, "overhead": proxy_s / direct_s, "fold_breaks": breaks,
                      "proxy_batches": proxy_batches})
@@ -153,17 +254,26 @@ def main() -> None:
               f"overhead {proxy_s / direct_s:.2f}x, fold breaks {breaks}, the proxy's {len(proxy_batches)} batches "
               f"(direct: {options.turns} of {options.sessions}): {proxy_batches}")
     server.stop()
+    client_ms = client_cost(options.turns, options.max_tokens)
+    costs = per_call_costs(generator.tokenizer, options.turns, options.max_tokens)
+    print(f"a call, one at a time, no generation: {costs['proxy_ms']:.2f} ms through ChatProxy.complete, {costs['http_ms']:.2f} ms "
+          f"from the openai client over HTTP, of which the client's own work {client_ms:.2f} ms (with no server)")
     best_direct, best_proxy = min(r["direct_s"] for r in rows), min(r["proxy_s"] for r in rows)
     result = {
         "date": datetime.date.today().isoformat(),
         "command": f"python bench/proxy.py --sessions {options.sessions} --turns {options.turns} --max-tokens {options.max_tokens} --repeats {options.repeats}"
         + (f" --model {options.model}" if options.model else "")
-        + (f" --straggler-wait-s {options.straggler_wait_s:g}" if options.straggler_wait_s is not None else ""),
+        + (f" --straggler-wait-s {options.straggler_wait_s:g}" if options.straggler_wait_s is not None else "")
+        + (" --agents process" if options.agents == "process" else ""),
         "straggler_wait_s": server.proxy.straggler_wait_s,
+        "agents": options.agents,
         "model": options.model or "tiny",
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
         "sessions": options.sessions, "turns": options.turns, "max_tokens": options.max_tokens,
         "direct_turns_per_s": turns_total / best_direct, "proxy_turns_per_s": turns_total / best_proxy,
+        "client_ms_per_call": client_ms,
+        "proxy_ms_per_call": costs["proxy_ms"],
+        "http_ms_per_call": costs["http_ms"],
         "overhead_best": best_proxy / best_direct, "overhead_median": float(np.median([r["overhead"] for r in rows])), "repeats": rows,
     }
     print(f"best of {options.repeats}: direct {result['direct_turns_per_s']:.1f} turns/s, proxy {result['proxy_turns_per_s']:.1f} turns/s, "
@@ -171,6 +281,8 @@ def main() -> None:
     out = RESULTS if options.model is None else pathlib.Path(str(RESULTS_FOR_MODEL).format(model=pathlib.Path(options.model).name))
     if options.straggler_wait_s is not None:
         out = out.with_name(f"{out.stem}-straggler{options.straggler_wait_s:g}.json")
+    if options.agents == "process":
+        out = out.with_name(f"{out.stem}-agents-process.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
