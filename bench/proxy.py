@@ -93,18 +93,34 @@ def direct(generator: Counted, sessions: int, turns: int, max_tokens: int) -> fl
     return time.perf_counter() - start
 
 
+def _converse(ask: Any, session: int, turns: int) -> None:
+    """One agent's conversation: ``turns`` calls, each resending the whole history with the reply
+    and the next user message appended; ``ask(messages, seed)`` makes a call and returns the
+    assistant message as the agent sends it back."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(session, 0)}]
+    for turn in range(turns):
+        messages += [ask(messages, 1000 * session + turn), {"role": "user", "content": _user(session, turn + 1)}]
+
+
+def _asking(client: openai.OpenAI, max_tokens: int) -> Any:
+    """``ask`` for :func:`_converse` through the ``openai`` client."""
+
+    def ask(messages: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+        reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=seed)
+        return reply.choices[0].message.model_dump(exclude_none=True)
+
+    return ask
+
+
 def _play_agents(base_url: str, sessions: int, turns: int, max_tokens: int, tag: str) -> float:
     """Seconds for ``sessions`` OpenAI-client agent threads to play their turns against ``base_url``,
     from the moment all are ready (clients made, connections not yet opened) to the last one's end."""
     barrier = threading.Barrier(sessions + 1)
 
     def agent(s: int) -> None:
-        client = openai.OpenAI(base_url=base_url, api_key=f"{tag}-{s}", max_retries=0)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(s, 0)}]
+        ask = _asking(openai.OpenAI(base_url=base_url, api_key=f"{tag}-{s}", max_retries=0), max_tokens)
         barrier.wait()
-        for turn in range(turns):
-            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=1000 * s + turn)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": _user(s, turn + 1)}]
+        _converse(ask, s, turns)
 
     threads = [threading.Thread(target=agent, args=(s,)) for s in range(sessions)]
     for thread in threads:
@@ -125,8 +141,9 @@ def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: in
     ``agents="process"`` runs the agent threads in a process of their own (spawned, so its start is
     not timed), as agents deployed apart from the trainer run; else they share this process."""
     if agents == "process":
-        receive, send = multiprocessing.get_context("spawn").Pipe(duplex=False)
-        child = multiprocessing.get_context("spawn").Process(target=_agents_process, args=(server.base_url, sessions, turns, max_tokens, tag, send))
+        spawn = multiprocessing.get_context("spawn")
+        receive, send = spawn.Pipe(duplex=False)
+        child = spawn.Process(target=_agents_process, args=(server.base_url, sessions, turns, max_tokens, tag, send))
         child.start()
         seconds = receive.recv()
         child.join()
@@ -149,14 +166,11 @@ def client_cost(turns: int, max_tokens: int, calls: int = 256) -> float:
     }).encode()
     transport = httpx2.MockTransport(lambda request: httpx2.Response(200, content=canned, headers={"content-type": "application/json"}))
     client = openai.OpenAI(base_url="http://agent.invalid/v1", api_key="client-cost", max_retries=0, http_client=httpx2.Client(transport=transport))
-    done, start = 0, time.perf_counter()
-    while done < calls:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
-        for turn in range(turns):
-            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=turn)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": _user(0, turn + 1)}]
-            done += 1
-    return (time.perf_counter() - start) / done * 1e3
+    ask, conversations = _asking(client, max_tokens), -(-calls // turns)
+    start = time.perf_counter()
+    for _ in range(conversations):
+        _converse(ask, 0, turns)
+    return (time.perf_counter() - start) / (conversations * turns) * 1e3
 
 
 class Instant:
@@ -179,29 +193,25 @@ def per_call_costs(tokenizer: Any, turns: int, max_tokens: int, sessions: int = 
     proxy = ChatProxy(Instant(tokenizer, max_tokens), tokenizer, model="tiny", batch_wait_s=0.0, straggler_wait_s=0.0)
 
     def through_complete(tag: str) -> None:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
-        for turn in range(turns):
-            message = proxy.complete({"model": "tiny", "messages": messages, "max_tokens": max_tokens, "seed": turn}, tag)["choices"][0]["message"]
-            messages += [{k: v for k, v in message.items() if v is not None}, {"role": "user", "content": _user(0, turn + 1)}]
+        def ask(messages: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+            message = proxy.complete({"model": "tiny", "messages": messages, "max_tokens": max_tokens, "seed": seed}, tag)["choices"][0]["message"]
+            return {k: v for k, v in message.items() if v is not None}
 
-    def through_http(client: openai.OpenAI) -> None:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _user(0, 0)}]
-        for turn in range(turns):
-            reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens, seed=turn)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": _user(0, turn + 1)}]
+        _converse(ask, 0, turns)
 
     with ProxyServer(proxy) as server:
-        clients = [openai.OpenAI(base_url=server.base_url, api_key=f"cost-{s}", max_retries=0) for s in range(2 * sessions)]
-        for s in range(sessions // 4):  # warm-up: connections, the template's first rendering
+        warm = sessions // 4  # warm-up conversations: connections, the template's first rendering
+        clients = [openai.OpenAI(base_url=server.base_url, api_key=f"cost-{s}", max_retries=0) for s in range(sessions + warm)]
+        for s in range(warm):
             through_complete(f"warm-{s}")
-            through_http(clients[sessions + s])
+            _converse(_asking(clients[sessions + s], max_tokens), 0, turns)
         start = time.perf_counter()
         for s in range(sessions):
             through_complete(f"complete-{s}")
         proxy_ms = (time.perf_counter() - start) / (sessions * turns) * 1e3
         start = time.perf_counter()
         for client in clients[:sessions]:
-            through_http(client)
+            _converse(_asking(client, max_tokens), 0, turns)
         http_ms = (time.perf_counter() - start) / (sessions * turns) * 1e3
     return {"proxy_ms": proxy_ms, "http_ms": http_ms}
 
