@@ -183,6 +183,21 @@ def test_a_format_only_start_records_the_agents_sessions_with_random_tool_calls(
         format_samples(talker, [{"id": 0}], tokenizer)
 
 
+def test_a_random_tool_caller_behind_the_proxy_calls_the_tool_that_tool_choice_names(server):
+    from envhub.generation import RandomToolCallGenerator
+
+    def tool(name):
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}
+
+    tokenizer = server.proxy.tokenizer
+    proxy = ChatProxy(RandomToolCallGenerator(seed=0, tokenizer=tokenizer), tokenizer, model="*")
+    for k in range(8):
+        body = {"model": "m", "messages": [{"role": "user", "content": "Go."}], "tools": [tool("lamp"), tool("door")],
+                "tool_choice": {"type": "function", "function": {"name": "door"}}}
+        call = proxy.complete(body, f"named-{k}")["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "door" and json.loads(call["arguments"])["on"] in (True, False)
+
+
 def test_the_countdown_example_agent_gets_the_envs_reward(server):
     import envhub
     from envhub_trl.proxy.agents import load_agent

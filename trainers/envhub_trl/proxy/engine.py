@@ -241,8 +241,8 @@ class ChatProxy:
         # Model generators read the ids; a model-free one (a random tool caller) reads the request's
         # messages and tools, and writes its whole reply, less the prefilled start.
         shown = self.view.tools(request)
-        if shown and request.tool_choice not in ("auto", "none", "required"):  # a named tool: the reply calls it
-            shown = [tool for tool in shown if tool["function"]["name"] == request.tool_choice]
+        if shown and request.named_tool is not None:  # the reply calls it
+            shown = [tool for tool in shown if tool["function"]["name"] == request.named_tool]
         prompt = Prompt(token_ids=list(prompt_ids), messages=list(request.messages), tools=shown, reply_prefix=prefill(request),
                         stop_strings=request.stop)
         futures = [

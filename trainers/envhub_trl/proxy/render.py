@@ -39,8 +39,8 @@ def prefill(request: ChatRequest) -> str:
     ``tool_choice`` asks for a call (naming the tool when it names one), else nothing."""
     if request.tool_choice == "required":
         return CALL_OPEN + '\n{"name": "'
-    if request.tool_choice not in ("auto", "none"):
-        return CALL_OPEN + "\n" + '{"name": ' + json.dumps(request.tool_choice) + ', "arguments": '
+    if request.named_tool is not None:
+        return CALL_OPEN + "\n" + '{"name": ' + json.dumps(request.named_tool) + ', "arguments": '
     return ""
 
 

@@ -73,6 +73,11 @@ class ChatRequest:
     parallel_tool_calls: bool = True
 
     @property
+    def named_tool(self) -> str | None:
+        """The tool ``tool_choice`` names, which the reply must call; None for ``auto``, ``none`` and ``required``."""
+        return None if self.tool_choice in ("auto", "none", "required") else self.tool_choice
+
+    @property
     def tool_schemas(self) -> dict[str, dict[str, Any]]:
         """Tool name -> schema, for :func:`envhub.tools.parse_tool_calls`."""
         return {tool["function"]["name"]: tool for tool in self.tools or ()}
