@@ -102,7 +102,6 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
 
 def _format_warm_start(trainer: Any, agent: Any, tasks: list[Any], warm_start: Any) -> float:
     """The format-only warm start on ``trainer``'s model (module docstring); returns its seconds."""
-    from envhub_trl.lora import fold_adapter
     from envhub_trl.proxy.agents import format_samples
 
     begun = time.perf_counter()
@@ -115,9 +114,7 @@ def _format_warm_start(trainer: Any, agent: Any, tasks: list[Any], warm_start: A
         raise click.ClickException(str(exc)) from None
     click.echo(f"warm start: {warm_start.steps} supervised steps on {len(samples)} samples", err=True)
     warm_start.train_on(trainer.model, tokenizer, samples, seed=args.seed, bf16=bool(args.bf16))
-    fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0
-    trainer.weights_changed()  # a vLLM generator still holds the initial weights
-    trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
+    trainer.warm_started()
     return time.perf_counter() - begun
 
 

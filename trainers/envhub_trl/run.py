@@ -248,8 +248,6 @@ class TrainingRun:
     def start(self) -> None:
         """Held-out figures of the initial model and, with a warm start, after it; a resumed run
         takes them from its checkpoint's record (its weights already hold the warm start)."""
-        from envhub_trl.lora import fold_adapter
-
         trainer, warm_start, args = self.trainer, self.spec.warm_start, self.spec.args
         if self.record is not None:
             say(f"resuming from {self.checkpoint}: the evaluations before RL are those the run made")
@@ -263,9 +261,7 @@ class TrainingRun:
             settings = [args.env_settings(e) for e in args.env_entries()]
             warm_start.run_on(model, tokenizer, settings, args.seed, on_round=_dagger_progress, bf16=bool(args.bf16))
             self.phase_seconds["warm_start"] = time.perf_counter() - begun
-            fold_adapter(trainer.accelerator.unwrap_model(trainer.model))  # LoRA: RL's adapter starts at 0, its reference is the warm start
-            trainer.weights_changed()  # a vLLM generator still holds the initial weights
-            trainer.reference_from_policy()  # a KL term (beta > 0) holds RL near the warm start
+            trainer.warm_started()
             self.evaluations[STAGES[1]] = evaluate(trainer, STAGES[1])
         self.before_rl = trainer.state.global_step
 

@@ -48,7 +48,7 @@ from envhub_trl.critic import ValueHead, captured_hidden_states, clipped_value_l
 from envhub_trl.estimators import NEEDS
 from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
-from envhub_trl.lora import merged_weights
+from envhub_trl.lora import fold_adapter, merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
 from envhub_trl.trl_bridge import TRLBridge, episode_return, loadable_reference
 
@@ -166,6 +166,15 @@ class EnvGRPOTrainer(TRLBridge):
         loaded checkpoint): a generator with its own copy of the weights gets them before it next
         samples. Within ``train()`` every optimizer step does this by itself."""
         self._synced_step = -1
+
+    def warm_started(self) -> None:
+        """Take a supervised warm start done on the model outside ``train()``: a LoRA adapter is
+        folded into the base (RL's adapter starts at 0, its reference is the warm start), a
+        generator with its own copy of the weights gets them, and a KL term (``beta`` > 0) holds
+        RL near them rather than near the weights the run started from."""
+        fold_adapter(self.accelerator.unwrap_model(self.model))
+        self.weights_changed()
+        self.reference_from_policy()
 
     def _build_generator(self, model: Any) -> Generator:
         """``args.generator``'s registered backend, built for this model and run."""
