@@ -400,6 +400,30 @@ def test_segment_ratio_is_each_turns_geometric_mean_of_its_token_ratios(tiny, tm
         _config(tmp_path, ratio_type="segment", importance_sampling_level="sequence")
 
 
+@pytest.mark.slow
+def test_share_prompt_forward_trains_on_the_log_probs_of_one_forward_per_row(tiny, tmp_path):
+    """share_prompt_forward in a real run (step layout, no history, so prompts repeat): the loss's
+    log-probs are those of TRL's one forward per row, and the log says how many rows each prompt
+    pass served."""
+    config = _config(tmp_path, share_prompt_forward=True, gradient_checkpointing=False, sample_layout="step", history_turns=0, max_turns=5, format_penalty=-0.1)
+    trainer, before, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    shared = [entry["perf/rows_per_prompt_forward"] for entry in trainer.state.log_history if "perf/rows_per_prompt_forward" in entry]
+    assert shared and all(value > 1.0 for value in shared)
+    inputs = batches[-1]["output"]
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        once = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width, compute_entropy=True)
+        trainer.args.share_prompt_forward = False
+        whole = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, width, compute_entropy=True)
+    mask = inputs["completion_mask"].bool()
+    torch.testing.assert_close(once[0][mask], whole[0][mask], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(once[1][mask], whole[1][mask], rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def ppo_runs(tiny, tmp_path_factory):
     """2-step PPO runs in both layouts (a checkpoint after each step)."""

@@ -266,6 +266,16 @@ class EnvGRPOConfig(GRPOConfig):
             "ratio per turn, the geometric mean of its token ratios, clipped per turn (GSPO's sequence ratio, turn by turn)."
         },
     )
+    share_prompt_forward: bool = field(
+        default=False,
+        metadata={
+            "help": "Score the loss's rows with one forward pass per distinct prompt: its key/value cache shared by the rows "
+            "that begin with it, the replies run on top (envhub_trl.shared_prompts). The same log-probs (the gradient's "
+            "sums in another order); in the step layout with little history, where the same prompt comes back in many "
+            "rows, the trainer's step costs a fraction (docs/results-rl-alone.md). Not with PPO's critic, "
+            "action_entropy_coef, gradient checkpointing, Liger's loss or several processes."
+        },
+    )
     kl_coef: float = field(
         default=0.01,
         metadata={"help": "REINFORCE++: the weight of the per-token KL penalty to the reference model folded into the reward (OpenRLHF's init_kl_coef)."},

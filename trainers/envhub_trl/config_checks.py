@@ -181,6 +181,12 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):
         raise ValueError("ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off")
+    if c.share_prompt_forward and (c.advantage_estimator == "ppo" or c.action_entropy_coef or c.gradient_checkpointing or c.use_liger_kernel):
+        raise ValueError(
+            "share_prompt_forward scores the rows in two passes, so it does not combine with what reads every position's "
+            "hidden states (advantage_estimator='ppo', action_entropy_coef), gradient_checkpointing (on by default: set it "
+            "false) or use_liger_kernel"
+        )
     if c.advantage_norm not in NORMS:
         raise ValueError(f"advantage_norm must be one of {NORMS}, got {c.advantage_norm!r}")
     if c.step_anchor not in STEP_ANCHORS:

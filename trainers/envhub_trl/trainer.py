@@ -115,6 +115,8 @@ class EnvGRPOTrainer(TRLBridge):
                 peft_config=peft_config,
                 rollout_func=self.rollout_columns,
             )
+        if args.share_prompt_forward and self.accelerator.num_processes > 1:
+            raise ValueError("share_prompt_forward runs the model twice before each backward pass, which DDP does not allow: use it on one process")
         #: What a checkpoint keeps of ``envhub train``'s run (:func:`envhub_trl.run_state.save` writes it;
         #: :class:`envhub_trl.run.TrainingRun` sets it); None for a trainer used from Python.
         self.run_record: dict[str, Any] | None = None

@@ -50,6 +50,7 @@ from envhub_trl import run_files, run_state
 from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
 from envhub_trl.lora import is_peft_model
 from envhub_trl.pipeline import GenerationBatch
+from envhub_trl.shared_prompts import shared_prompt_logps
 
 
 def episode_return(
@@ -269,7 +270,7 @@ class TRLBridge(GRPOTrainer):
         ``exp(lp' - old)`` is the turn's ratio: the geometric mean of its token ratios, clipped per
         turn by TRL's clipping, its gradient shared by the turn's tokens (GSPO's sequence ratio, per
         turn). Environment tokens are left alone (they are out of the loss)."""
-        logps, *rest = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        logps, *rest = self._scored(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         inputs = self._loss_inputs
         if inputs is not None and "turn_ids" in inputs:
             old = inputs.get("old_per_token_logps")
@@ -277,6 +278,26 @@ class TRLBridge(GRPOTrainer):
             mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
             logps = torch.where(mask.bool(), old + segment_mean(logps - old, inputs["turn_ids"], mask), logps)
         return (logps, *rest)
+
+    def _scored(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, batch_size: int | None = None, compute_entropy: bool = False, **kwargs: Any) -> Any:
+        """TRL's ``_get_per_token_logps_and_entropies``; with ``share_prompt_forward`` (text rows, no
+        MoE aux loss) each chunk of ``batch_size`` rows runs each distinct prompt once
+        (:func:`~envhub_trl.shared_prompts.shared_prompt_logps`)."""
+        multimodal = any(value is not None for name, value in kwargs.items() if name != "compute_aux_loss") or kwargs.get("compute_aux_loss")
+        if not self.args.share_prompt_forward or multimodal or input_ids.shape[1] - logits_to_keep < 2:
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs)
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies, prompts = [], [], 0
+        for start in range(0, input_ids.size(0), batch_size):
+            with self.accelerator.autocast():
+                chunk, entropy, distinct = shared_prompt_logps(
+                    model, input_ids[start : start + batch_size], attention_mask[start : start + batch_size], logits_to_keep, compute_entropy
+                )
+            logps.append(chunk)
+            entropies.append(entropy)
+            prompts += distinct
+        self.log_metrics("train" if self.model.training else "eval", {"perf/rows_per_prompt_forward": input_ids.size(0) / max(prompts, 1)})
+        return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
     # ------------------------------------------------------------------ checkpoints
 
