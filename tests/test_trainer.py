@@ -424,6 +424,42 @@ def test_share_prompt_forward_trains_on_the_log_probs_of_one_forward_per_row(tin
     torch.testing.assert_close(once[1][mask], whole[1][mask], rtol=1e-5, atol=1e-5)
 
 
+def test_eval_env_id_plays_the_held_out_evaluation_on_another_env(tiny, tmp_path):
+    """eval_env_id: training plays its env, every held-out evaluation (model or reference policy)
+    the named one, with the run's prompt settings; the checkpoint record says so; a mix, kwargs
+    without an id and an unknown id are refused."""
+    from envhub.generation import RandomGenerator
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    class Seen(RandomGenerator):
+        def generate(self, prompts, sampling):
+            self.texts = getattr(self, "texts", []) + [self.tokenizer.decode(p.token_ids) for p in prompts]
+            return super().generate(prompts, sampling)
+
+    config = _config(tmp_path, eval_env_id="sokoban/Sokoban-v0", eval_env_kwargs={"view": "local"}, eval_episodes=3)
+    assert config.env_settings().env_id == "frozenlake/FrozenLakeNotSlippery-v0"
+    held_out = config.held_out_settings()
+    assert (held_out.env_id, held_out.env_kwargs, held_out.max_turns) == ("sokoban/Sokoban-v0", {"view": "local"}, config.max_turns)
+    assert held_out.prompt == config.env_settings().prompt
+    assert config.trained_on().held_out["env_id"] == "sokoban/Sokoban-v0"
+    assert "env_id" not in _config(tmp_path).trained_on().held_out  # an older record still matches
+    path, tokenizer = tiny
+    trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
+    seen = Seen(seed=0, tokenizer=tokenizer)
+    metrics = trainer.evaluate_env(generator=seen)
+    assert 0.0 <= metrics["success_rate"] <= 1.0
+    firsts = [text for text in seen.texts if "box" in text.lower()]
+    assert seen.texts and len(firsts) == len(seen.texts)  # every prompt is Sokoban's
+    with pytest.raises(ValueError, match="eval_env_id"):
+        _config(tmp_path, eval_env_kwargs={"view": "local"})
+    with pytest.raises(ValueError, match="eval_env_id"):
+        _config(tmp_path, eval_env_id="sokoban/Sokoban-v0", env_id=None, envs={"frozenlake/FrozenLakeNotSlippery-v0": {"groups_per_step": 1}, "sokoban/Sokoban-v0": {"groups_per_step": 1}})
+    with pytest.raises(Exception, match="Sokobann"):
+        EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), _config(tmp_path, eval_env_id="sokoban/Sokobann-v0"), processing_class=tokenizer)
+
+
 @pytest.fixture(scope="module")
 def ppo_runs(tiny, tmp_path_factory):
     """2-step PPO runs in both layouts (a checkpoint after each step)."""

@@ -101,6 +101,18 @@ class EnvGRPOConfig(GRPOConfig):
         },
     )
     env_kwargs: dict[str, Any] | None = field(default=None, metadata={"help": "Keyword arguments for `envhub.make(env_id, ...)`."})
+    eval_env_id: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out evaluation (every stage's, the validation selection's and the reference policies') plays this "
+            "registered id instead of the training env, with the same prompt settings and turn limit: ALFWorld's unseen games "
+            "(alfworld/ALFWorldEvalOutOfDistribution-v0) after training on its train split, as verl-agent reports. None: the "
+            "training env's held-out seeds. Not with `envs` (a mix evaluates each of its envs)."
+        },
+    )
+    eval_env_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "With `eval_env_id`: its keyword arguments for `envhub.make` (None: the training env's `env_kwargs`)."}
+    )
     prompt: dict[str, Any] | None = field(
         default=None,
         metadata={
@@ -404,6 +416,15 @@ class EnvGRPOConfig(GRPOConfig):
             max_turn_tokens=self.max_turn_tokens,
         )
 
+    def held_out_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
+        """How held-out evaluation plays one env of the run: :meth:`env_settings`, on ``eval_env_id``
+        (with ``eval_env_kwargs``, else the training env's kwargs) when the run names one."""
+        settings = self.env_settings(entry)
+        if self.eval_env_id is None:
+            return settings
+        kwargs = settings.env_kwargs if self.eval_env_kwargs is None else dict(self.eval_env_kwargs)
+        return settings.replace(env_id=self.eval_env_id, env_kwargs=kwargs)
+
     def curriculum_schedule(self) -> Curriculum | None:
         """The parsed ``curriculum`` (None without one)."""
         return None if self.curriculum is None else Curriculum.from_mapping(self.curriculum, [e.env_id for e in self._entries])
@@ -415,6 +436,7 @@ class EnvGRPOConfig(GRPOConfig):
             held_out={
                 "seed_offset": self.eval_seed_offset, "episodes": self.eval_episodes,
                 "max_invalid_streak": self.eval_max_invalid_streak, "generator": self.generator,
+                **({} if self.eval_env_id is None else {"env_id": self.eval_env_id, "env_kwargs": self.held_out_settings().env_kwargs}),
             },
         )
 

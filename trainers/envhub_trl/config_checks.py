@@ -187,6 +187,10 @@ def check_rules(config: Any) -> None:
             "hidden states (advantage_estimator='ppo', action_entropy_coef), gradient_checkpointing (on by default: set it "
             "false) or use_liger_kernel"
         )
+    if c.eval_env_id is not None and c.envs is not None:
+        raise ValueError("eval_env_id names the env a single-env run is evaluated on; a mix (envs) evaluates each of its envs")
+    if c.eval_env_kwargs is not None and c.eval_env_id is None:
+        raise ValueError("eval_env_kwargs are the keyword arguments of eval_env_id: set eval_env_id too")
     if c.advantage_norm not in NORMS:
         raise ValueError(f"advantage_norm must be one of {NORMS}, got {c.advantage_norm!r}")
     if c.step_anchor not in STEP_ANCHORS:

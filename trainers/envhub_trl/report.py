@@ -96,6 +96,7 @@ class RunReport:
             "env_ids": [e.env_id for e in entries],
             "model": run.spec.model,
             "advantage_estimator": args.advantage_estimator,
+            "held_out_env_id": args.held_out_settings().env_id if len(entries) == 1 else None,
             "held_out_episodes": args.eval_episodes,
             "held_out_seed_offset": args.eval_seed_offset,
             "sampling": sampling_text(args),
@@ -176,7 +177,9 @@ def print_env(name: str, figures: dict[str, Any], results: dict[str, Any]) -> No
 
     evaluations, references = figures["evaluations"], figures["references"] or {}
     modes = "greedy and sampled" if "sampled" in figures["rl_success_gain"] else "greedy (sampled with eval_sampled: true)"
-    click.echo(f"\n{name}: success on {results['held_out_episodes']} held-out seeds, {modes} ({results['sampling']})\n")
+    played = results.get("held_out_env_id")
+    of = f" of {played}" if played and played != results["env_id"] else ""
+    click.echo(f"\n{name}: success on {results['held_out_episodes']} held-out seeds{of}, {modes} ({results['sampling']})\n")
     headers = ["stage", "success (greedy)", "success (sampled)", "invalid (greedy)", "invalid (sampled)", "turns (greedy)"]
     rows = [_row(stage, m) for stage, m in evaluations.items()]
     rows += [[ref, f"{rate:.1%}", f"{rate:.1%}", "-", "-", "-"] for ref, rate in references.items()]

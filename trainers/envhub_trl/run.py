@@ -185,9 +185,10 @@ def references(trainer: EnvGRPOTrainer, entry: Any) -> tuple[dict[str, float], A
 
     args = trainer.args
     seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
-    say(f"reference policies on the {len(seeds)} held-out seeds of {entry.env_id}: searching the best open-loop policy")
+    settings = args.held_out_settings(entry)
+    say(f"reference policies on the {len(seeds)} held-out seeds of {settings.env_id}: searching the best open-loop policy")
     return reference_figures(
-        args.env_settings(entry), seeds, seed=args.seed, tokenizer=trainer.processing_class, say=say,
+        settings, seeds, seed=args.seed, tokenizer=trainer.processing_class, say=say,
         play=lambda generator: trainer.evaluate_env(seeds, generator=generator, env=entry, label=f"reference, {type(generator).__name__}")["success_rate"],
     )
 

@@ -95,8 +95,8 @@ class EnvGRPOTrainer(TRLBridge):
             args = EnvGRPOConfig(output_dir="envhub-grpo")
         if not isinstance(args, EnvGRPOConfig):
             raise TypeError(f"EnvGRPOTrainer needs an EnvGRPOConfig, got {type(args).__name__}")
-        for entry in args.env_entries():
-            spec(entry.env_id)  # an unknown id fails here, with suggestions
+        for env_id in [entry.env_id for entry in args.env_entries()] + ([args.eval_env_id] if args.eval_env_id else []):
+            spec(env_id)  # an unknown id fails here, with suggestions
         if train_dataset is None:
             train_dataset = seed_dataset(args.num_train_seeds if agent is None else len(tasks or ()))
         elif "env_seed" not in train_dataset.column_names:
@@ -452,7 +452,7 @@ class EnvGRPOTrainer(TRLBridge):
         if seeds is None:
             seeds = held_out_seeds(args.eval_seed_offset, args.eval_episodes)
         sampling = args.sampling(0.0 if greedy else args.temperature, args.seed)
-        settings = args.env_settings(env)
+        settings = args.held_out_settings(env)
         if generator is None:  # the model's episodes end after invalid replies in a row; a reference policy's do not
             settings = settings.replace(max_invalid_streak=args.eval_max_invalid_streak)
         with self.generator_lock:  # an async producer may be sampling on the same engine
