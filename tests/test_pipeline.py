@@ -244,6 +244,26 @@ def test_to_rows_leaves_each_replys_closing_tag_out_of_the_loss_mask_and_nothing
     assert whole.columns["env_mask"] == [s.env_mask for s in whole.samples]
 
 
+def test_an_invalid_replys_closing_tag_stays_in_the_loss_with_train_invalid_stops():
+    """``<answer></answer>`` (an empty answer) is invalid, and its closing tag is what the model wrote
+    instead of a move: with ``train_invalid_stops`` it keeps its tokens in the loss; a valid reply's
+    tag stays out either way."""
+    replies = ([1, 2, 3, 4, 5], [2, 3, 4, 5])  # "Right</answer>" (valid), then "</answer>" (invalid: no move)
+    local = [
+        dataclasses.replace(t, turns=[
+            dataclasses.replace(turn, completion_ids=ids, logprobs=[-0.5] * len(ids), action_is_valid=k == 0)
+            for k, (turn, ids) in enumerate(zip(t.turns, replies))
+        ])
+        for t in (episode([0.0, 1.0], layout="step"), episode([0.0, 0.0], layout="step"))
+    ]
+    batch = pipeline.gather(local, group_size=2)
+    rows = rows_for(batch.local)
+    left_out = pipeline.to_rows(batch, rows, layout="step", decode=spell, untrained_stops=("</answer>",))
+    kept = pipeline.to_rows(batch, rows, layout="step", decode=spell, untrained_stops=("</answer>",), train_invalid_stops=True)
+    assert left_out.columns["env_mask"][:2] == [[1, 0, 0, 0, 0], [0, 0, 0, 0]]  # the empty answer: nothing trained
+    assert kept.columns["env_mask"][:2] == [[1, 0, 0, 0, 0], [1, 1, 1, 1]]
+
+
 @pytest.mark.parametrize("layout", ["trajectory", "step"])
 def test_estimate_and_spread_put_each_episodes_grpo_advantage_on_its_model_tokens(layout):
     batch = pipeline.spread(pipeline.estimate(grpo_batch(layout), "grpo"), width=6)

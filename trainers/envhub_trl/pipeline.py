@@ -243,6 +243,7 @@ def to_rows(
     row_multiple: int = 1,
     most_rows: Callable[[int], int] = _same,
     untrained_stops: Sequence[str] = (),
+    train_invalid_stops: bool = False,
 ) -> GenerationBatch:
     """The batch as TRL rows: in the ``trajectory`` layout ``inputs`` themselves (one per episode),
     in the ``step`` layout one per sample of each episode (one per turn; one for an episode played in
@@ -250,7 +251,8 @@ def to_rows(
     masked rows (``trajectory_index`` -1) to ``most_rows(len)`` (the most any process has)
     rounded up to ``row_multiple`` (TRL groups and splits rows evenly). A set-aside episode's row
     (trajectory layout) is such a masked row; in the step layout it has none. The loss mask leaves
-    out each reply's closing stop string among ``untrained_stops`` (``train_stop_strings``).
+    out each reply's closing stop string among ``untrained_stops`` (``train_stop_strings``), but
+    for the replies the env found invalid with ``train_invalid_stops`` (``train_invalid_stop_strings``).
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -272,7 +274,8 @@ def to_rows(
     batch = dataclasses.replace(batch, rows=tuple(rows), samples=tuple(samples))
     columns = batch_columns(samples)
     if untrained_stops and decode is not None:
-        columns["env_mask"] = without_stop_strings(samples, untrained_stops, decode)
+        valid = (lambda key: batch.episodes[key[0]].turns[key[1]].action_is_valid) if train_invalid_stops else None
+        columns["env_mask"] = without_stop_strings(samples, untrained_stops, decode, valid)
     columns["env_mask"] = [mask if kept else [0] * len(mask) for mask, kept in zip(columns["env_mask"], batch.row_keep)]
     columns["episode_return"] = [batch.episodes[s.trajectory_index].episode_return if s.trajectory_index >= 0 else None for s in samples]
     return dataclasses.replace(batch, columns=columns)
@@ -314,12 +317,19 @@ def stop_string_start(completion_ids: Sequence[int], stop_strings: Sequence[str]
     return k
 
 
-def without_stop_strings(samples: Sequence[Sample], stop_strings: Sequence[str], decode: Callable[[list[int]], str]) -> list[list[int]]:
+def without_stop_strings(
+    samples: Sequence[Sample], stop_strings: Sequence[str], decode: Callable[[list[int]], str],
+    valid: Callable[[tuple[int, int]], bool] | None = None,
+) -> list[list[int]]:
     """Each sample's ``env_mask`` with each reply's closing stop string (``</answer>``'s tokens) at 0:
     the reply format writes it, as ``reply_prefix`` writes the opening, so the policy loss leaves it
-    out (``train_stop_strings``). Padding rows keep their mask."""
+    out (``train_stop_strings``). With ``valid`` (``(trajectory_index, turn) -> the env took the
+    reply's action``), an invalid reply keeps its stop string in the loss: there it is what the model
+    wrote instead of a move. Padding rows keep their mask."""
     masks = [list(sample.env_mask) for sample in samples]
-    for row, _, positions in _turn_spans(samples):
+    for row, key, positions in _turn_spans(samples):
+        if valid is not None and not valid(key):
+            continue
         reply = [samples[row].completion_ids[p] for p in positions]
         for p in positions[stop_string_start(reply, stop_strings, decode) :]:
             masks[row][p] = 0

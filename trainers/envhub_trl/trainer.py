@@ -275,6 +275,7 @@ class EnvGRPOTrainer(TRLBridge):
         batch = pipeline.to_rows(
             batch, inputs, layout=args.sample_layout if self.agents is None else "step",  # an agent's sessions: either layout
             decode=self.processing_class.decode, row_multiple=multiple, untrained_stops=args.untrained_stops(),
+            train_invalid_stops=args.train_invalid_stop_strings,
             most_rows=lambda count: int(self.accelerator.gather(torch.tensor([count], device=device)).max()),  # over processes
         )
         output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
