@@ -2,15 +2,15 @@
 
 In the step layout with little or no history (``sample_layout: step``, ``history_turns: 0``)
 a row is one turn: a prompt of tens of tokens and a reply of a few. The same prompt comes back
-in many rows (FrozenLake's local view has 81 spellings; a step of 16 maps plays some 500 turns),
-and TRL's scoring runs the whole prompt once per row, so the trainer's step went mostly to
-re-reading prompts it had read already.
+in many rows (FrozenLake's local view has 81 spellings: on the RL-alone recipe's batches each
+prompt came back in 18 rows), and TRL's scoring runs the whole prompt once per row, so the
+trainer's step went mostly to re-reading prompts it had read already.
 
 :func:`shared_prompt_logps` runs each distinct prompt once, keeps its key/value cache, hands every
 row the cache of its prompt (an ``index_select``, which autograd follows back, so each prompt's
 gradient is the sum of its rows') and runs only the replies on top. The arithmetic is the same as
 one forward per row: the same tokens at the same positions under the same mask. Only the order of
-floating-point sums differs (about 1e-6 on log-probs in float32).
+the gradient's floating-point sums differs (``bench/shared_prompts.py`` found the log-probs equal).
 
 The row's last prompt token goes with the reply (the cache holds the prompt less that token), so
 its hidden state, which predicts the reply's first token, is computed in the second pass, and the
