@@ -42,9 +42,9 @@ RECIPE = Path(__file__).resolve().parent.parent / "examples" / "frozenlake_rl_al
 NOT_TRAINER = ("warm_start", "tiny", "model")
 
 
-def recipe_config(out: str, steps: int, groups: int, shared: bool) -> EnvGRPOConfig:
-    """The recipe's trainer fields, ``steps`` timed steps after a warm-up one, ``groups`` maps a step."""
-    values = {k: v for k, v in load_config_file(str(RECIPE)).items() if k not in NOT_TRAINER}
+def recipe_config(recipe: dict, out: str, steps: int, groups: int, shared: bool) -> EnvGRPOConfig:
+    """The ``recipe``'s trainer fields, ``steps`` timed steps after a warm-up one, ``groups`` maps a step."""
+    values = {k: v for k, v in recipe.items() if k not in NOT_TRAINER}
     values |= {
         "output_dir": out, "max_steps": steps + 1, "groups_per_step": groups,
         "per_device_train_batch_size": groups * values["group_size"], "share_prompt_forward": shared,
@@ -93,15 +93,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=16, help="Maps (groups of the recipe's group_size episodes) a step.")
     parser.add_argument("--epsilon", type=float, default=0.3, help="The fraction of the noisy expert's moves that are random.")
     args = parser.parse_args()
-    spec = TinySpec.from_mapping(load_config_file(str(RECIPE)).get("tiny"))
     recipe = load_config_file(str(RECIPE))
+    spec = TinySpec.from_mapping(recipe.get("tiny"))
     model_and_tokenizer = spec.build([recipe["env_id"]], seed=0, env_kwargs=recipe.get("env_kwargs"))
     times: dict[bool, list[float]] = {True: [], False: []}
     kept: list = []
     with tempfile.TemporaryDirectory() as out:
         for round_ in range(args.rounds):
             for shared in (False, True) if round_ % 2 == 0 else (True, False):
-                config = recipe_config(out, args.steps, args.groups, shared)
+                config = recipe_config(recipe, out, args.steps, args.groups, shared)
                 times[shared] += timed_run(model_and_tokenizer, config, args.epsilon, kept if shared and not kept else None)
     trainer = kept[0]
     served = [entry["perf/rows_per_prompt_forward"] for entry in trainer.state.log_history if "perf/rows_per_prompt_forward" in entry]

@@ -283,8 +283,8 @@ class TRLBridge(GRPOTrainer):
         """TRL's ``_get_per_token_logps_and_entropies``; with ``share_prompt_forward`` (text rows, no
         MoE aux loss) each chunk of ``batch_size`` rows runs each distinct prompt once
         (:func:`~envhub_trl.shared_prompts.shared_prompt_logps`)."""
-        multimodal = any(value is not None for name, value in kwargs.items() if name != "compute_aux_loss") or kwargs.get("compute_aux_loss")
-        if not self.args.share_prompt_forward or multimodal or input_ids.shape[1] - logits_to_keep < 2:
+        beyond_text = any(value is not None and value is not False for value in kwargs.values())  # images, an MoE aux loss
+        if not self.args.share_prompt_forward or beyond_text or input_ids.shape[1] - logits_to_keep < 2:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs)
         batch_size = batch_size or input_ids.size(0)
         logps, entropies, prompts = [], [], 0
