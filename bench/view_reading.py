@@ -1,13 +1,26 @@
-"""Does a policy read its observation? Exact figures for a step-layout FrozenLake policy, and why RL alone stalls.
+"""Does a policy read its observation? Exact figures for a step-layout policy, and why RL alone stalls.
 
-Two parts (issue 40's diagnosis), each on the states of random-walk episodes of the run's config
-(FrozenLake 4x4, local view, one turn a prompt without history):
+The parts (issue 40's diagnosis), each on the states of random-walk episodes of the run's config
+(FrozenLake 4x4 or Sokoban 6x6, local view, one turn a prompt without history; ``--credit`` is
+FrozenLake's alone):
 
 ``--probe FOLDER ...``: for each model folder (or ``init``, the untrained tiny model), the exact
 distribution over the four moves at the action token of every prompt, then per view the mean
 distribution, and the mutual information between the view and the move, ``H(mean pi) - mean H(pi)``
 (nats): 0 for a policy that plays the same distribution whatever it sees. The ``diag/`` metrics a
 training step logs estimate the same from samples.
+
+Beside the moves, ``--probe`` measures the head's input, the last layer's (normed) hidden state at the
+action token: its spread across states (the summed variance over states as a share of its mean squared
+norm: near 0 when the head sees the same vector whatever the view) and a linear probe's held-out
+accuracy at reading the expert's move from it (standardised), against always playing the commonest
+one. A start can keep what the view says (the probe reads it) while squeezing it into a spread too
+small for the head's policy gradient to act on.
+
+``--starts SPEC ...``: make format-only warm starts in-process (the config's ``warm_start`` with each
+SPEC's ``key=value,...`` changes; ``''`` for none) and measure each: whether its format holds (the
+probability of a move at the action token, and of the closing tag after a move it samples) beside
+the probe's figures. It screens starts in minutes, before an RL run from one is paid for.
 
 ``--oracle``: from one folder (the format-only warm start), 80 steps of gradient on single decisions
 with exact labels: the view expert's move for each state (``expert_action`` of the env). Modes:
@@ -32,6 +45,7 @@ t-statistic in one batch: how clearly one batch says "read the hole". GiGPO (``s
     python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --probe init OUT/final
     python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --oracle OUT/final
     python bench/view_reading.py --config bench/learning/format/frozenlake_not_slippery.yaml --credit
+    python bench/view_reading.py --config bench/learning/format/sokoban6x6.yaml --starts '' demonstrator=random-mapping
 
 Writes bench/results/view_reading.json (the parts run).
 """
@@ -98,25 +112,80 @@ def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[l
     )
     prefix = tokenizer.encode("<answer>", add_special_tokens=False)
     move_ids = [tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
-    prompts = [list(s.prompt_ids) + prefix for s in labelled]
-    expert = np.array([MOVES.index(tokenizer.decode(s.completion_ids).split("<answer>")[1].split("</answer>")[0]) for s in labelled])
+    # A run with ``reply_prefix: "<answer>"`` has the tag in its prompt already, and not in its replies.
+    prompts = [list(s.prompt_ids) + ([] if list(s.prompt_ids[-len(prefix) :]) == prefix else prefix) for s in labelled]
+    expert = np.array([MOVES.index(tokenizer.decode(s.completion_ids).split("<answer>")[-1].split("</answer>")[0].strip()) for s in labelled])
     views = [tokenizer.decode(s.prompt_ids).rsplit("user\n", 1)[1].split("<|im_end|>")[0].split("\n")[-1] for s in labelled]
     return prompts, expert, views, move_ids
+
+
+def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows as one left-padded batch: ids and attention mask."""
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row) :] = torch.tensor(row)
+        mask[r, width - len(row) :] = 1
+    return ids, mask
 
 
 def log_probs(model: Any, prompts: list[list[int]]) -> torch.Tensor:
     """Log-probabilities over the vocabulary at the end of each prompt (left-padded batches)."""
     out = []
     for i in range(0, len(prompts), 128):
-        batch = prompts[i : i + 128]
-        width = max(map(len, batch))
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(batch):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
+        ids, mask = left_padded(prompts[i : i + 128])
         out.append(torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1))
     return torch.cat(out)
+
+
+def last_hidden(model: Any, prompts: list[list[int]]) -> torch.Tensor:
+    """The last layer's hidden state (after the final norm: what the head reads) at the end of each prompt."""
+    out = []
+    for i in range(0, len(prompts), 128):
+        ids, mask = left_padded(prompts[i : i + 128])
+        out.append(model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1][:, -1].float())
+    return torch.cat(out)
+
+
+def tail_log_probs(model: Any, rows: list[list[int]], tail: int) -> torch.Tensor:
+    """The summed log-probability of each row's last ``tail`` tokens given what precedes them."""
+    out = []
+    for i in range(0, len(rows), 128):
+        ids, mask = left_padded(rows[i : i + 128])
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -tail - 1 : -1].float(), -1)
+        out.append(logp.gather(-1, ids[:, -tail:, None])[..., 0].sum(-1))
+    return torch.cat(out)
+
+
+def head_input(hidden: torch.Tensor, expert: np.ndarray) -> dict[str, float]:
+    """How much the head's input varies with the state (its summed variance over states as a share of
+    its mean squared norm: 0 when it is the same vector whatever the view), and whether the expert's
+    move can be read from it linearly (against always the commonest move)."""
+    return {
+        "hidden_spread": float(hidden.var(0).sum() / hidden.pow(2).sum(1).mean()),
+        "hidden_linear_probe": linear_probe(hidden, expert),
+        "commonest_expert_move": float(np.mean(expert == np.bincount(expert).argmax())),
+    }
+
+
+def linear_probe(hidden: torch.Tensor, labels: np.ndarray, steps: int = 2000) -> float:
+    """Held-out accuracy of a softmax regression from the standardised hidden states to ``labels``
+    (the first 70% of the states train it, the rest measure it)."""
+    torch.manual_seed(0)
+    cut = int(0.7 * len(labels))
+    x = (hidden - hidden[:cut].mean(0)) / (hidden[:cut].std(0) + 1e-6)
+    y = torch.as_tensor(labels)
+    weight = torch.zeros(x.shape[1], len(MOVES), requires_grad=True)
+    bias = torch.zeros(len(MOVES), requires_grad=True)
+    optimizer = torch.optim.Adam([weight, bias], lr=0.01)
+    for _ in range(steps):
+        loss = torch.nn.functional.cross_entropy(x[:cut] @ weight + bias, y[:cut]) + 1e-3 * weight.pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        return float(((x[cut:] @ weight + bias).argmax(-1) == y[cut:]).float().mean())
 
 
 def entropy(p: np.ndarray) -> np.ndarray:
@@ -130,6 +199,7 @@ def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
     prompts, expert, views, move_ids = states(tokenizer, config, seeds)
     with torch.no_grad():
         moves = log_probs(model, prompts)[:, move_ids].softmax(-1).numpy()
+        hidden = last_hidden(model, prompts)
     marginal = moves.mean(0)
     information = float(entropy(marginal) - entropy(moves).mean())
     by_view: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -141,7 +211,41 @@ def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
         "marginal": dict(zip(MOVES, marginal.round(4).tolist())),
         "information_nats": information,
         "agreement_with_expert": float(np.mean(moves.argmax(1) == expert)),
+        **head_input(hidden, expert),
         "views": {view: {"count": len(ps), **dict(zip(MOVES, np.mean(ps, 0).round(3).tolist()))} for view, ps in common},
+    }
+
+
+def start_figures(config: dict[str, Any], spec: str, seeds: range) -> dict[str, Any]:
+    """Make a format-only warm start in-process (the config's ``warm_start`` with ``spec``'s
+    ``key=value,...`` changes, on the untrained tiny model of seed 0) and measure it on the states of
+    ``seeds``: whether its format holds (the probability it gives a move at the action token, and
+    the closing tag after a move it samples) and what :func:`probe` measures of the head's input."""
+    from envhub_trl.warm_start import WarmStart
+
+    values = dict(config["warm_start"])
+    for pair in filter(None, spec.split(",")):
+        key, value = pair.split("=", 1)
+        values[key] = {"true": True, "false": False}.get(value, value)
+    torch.manual_seed(0)
+    model, tokenizer = load("init", config)
+    WarmStart.from_mapping(values).run(model.train(), tokenizer, run_config(config).env_settings(), seed=0)
+    model.eval()
+    prompts, expert, _, move_ids = states(tokenizer, config, seeds)
+    close = tokenizer.encode("</answer>", add_special_tokens=False)
+    with torch.no_grad():
+        logp = log_probs(model, prompts)
+        moves = logp[:, move_ids].softmax(-1)
+        picked = torch.distributions.Categorical(probs=moves).sample().tolist()
+        tag = tail_log_probs(model, [prompt + [move_ids[m]] + close for prompt, m in zip(prompts, picked)], len(close))
+        hidden = last_hidden(model, prompts)
+    marginal = moves.mean(0).numpy()
+    return {
+        "warm_start": values,
+        "p_move": float(logp[:, move_ids].exp().sum(-1).mean()),
+        "p_closing_tag_after_move": float(tag.exp().mean()),
+        "information_nats": float(entropy(marginal) - entropy(moves.numpy()).mean()),
+        **head_input(hidden, expert),
     }
 
 
@@ -249,6 +353,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True, help="The run's config (a bench/learning YAML or an envhub train config).")
     parser.add_argument("--probe", nargs="+", metavar="FOLDER", default=[], help="Model folders to probe ('init': the untrained tiny model).")
+    parser.add_argument("--starts", nargs="+", metavar="SPEC", default=[], help="Make and measure format-only warm starts: the config's warm_start with key=value,... changes ('' for none).")
     parser.add_argument("--oracle", metavar="FOLDER", help="Run the oracle-gradient modes from this folder.")
     parser.add_argument("--modes", nargs="+", choices=ORACLE_MODES, default=list(ORACLE_MODES))
     parser.add_argument("--steps", type=int, default=80)
@@ -262,10 +367,18 @@ def main() -> None:
     for folder in args.probe:
         figures = probe(folder, config, range(10**6, 10**6 + 300))
         print(f"{folder}: I(view; move) = {figures['information_nats']:.4f} nats, agreement with the view expert "
-              f"{figures['agreement_with_expert']:.2f}, marginal {figures['marginal']}")
+              f"{figures['agreement_with_expert']:.2f}, marginal {figures['marginal']}; the head's input: spread across states "
+              f"{figures['hidden_spread']:.2e} of its squared norm, the expert's move read from it linearly "
+              f"{figures['hidden_linear_probe']:.2f} (commonest move {figures['commonest_expert_move']:.2f})")
         for view, cell in figures["views"].items():
             print(f"  {cell['count']:4d}  {view:52s} " + " ".join(f"{m}={cell[m]:.2f}" for m in MOVES))
         report.setdefault("probe", {})[folder] = figures
+    for spec in args.starts:
+        figures = start_figures(config, spec, range(10**6, 10**6 + 300))
+        print(f"warm start {spec or '(as configured)'}: P(a move) {figures['p_move']:.3f}, P(</answer> | its move) "
+              f"{figures['p_closing_tag_after_move']:.3f}, I(view; move) {figures['information_nats']:.4f} nats; the head's input: "
+              f"spread {figures['hidden_spread']:.2e}, the expert's move read from it linearly {figures['hidden_linear_probe']:.2f}", flush=True)
+        report.setdefault("starts", {})[f"{args.config}: {spec}"] = figures
     if args.oracle:
         settings = {"folder": args.oracle, "lr": args.lr, "steps": args.steps, "entropy_coef": args.entropy_coef}
         earlier = report.get("oracle", {})
