@@ -139,13 +139,16 @@ def log_probs(model: Any, prompts: list[list[int]]) -> torch.Tensor:
     return torch.cat(out)
 
 
-def last_hidden(model: Any, prompts: list[list[int]]) -> torch.Tensor:
-    """The last layer's hidden state (after the final norm: what the head reads) at the end of each prompt."""
-    out = []
+def log_probs_and_hidden(model: Any, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`log_probs`, and from the same forward pass the last layer's hidden state (after the final
+    norm: what the head reads) at the end of each prompt."""
+    logp, hidden = [], []
     for i in range(0, len(prompts), 128):
         ids, mask = left_padded(prompts[i : i + 128])
-        out.append(model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1][:, -1].float())
-    return torch.cat(out)
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        logp.append(torch.log_softmax(out.logits[:, -1, :].float(), -1))
+        hidden.append(out.hidden_states[-1][:, -1].float())
+    return torch.cat(logp), torch.cat(hidden)
 
 
 def tail_log_probs(model: Any, rows: list[list[int]], tail: int) -> torch.Tensor:
@@ -198,8 +201,8 @@ def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
     model, tokenizer = load(folder, config)
     prompts, expert, views, move_ids = states(tokenizer, config, seeds)
     with torch.no_grad():
-        moves = log_probs(model, prompts)[:, move_ids].softmax(-1).numpy()
-        hidden = last_hidden(model, prompts)
+        logp, hidden = log_probs_and_hidden(model, prompts)
+        moves = logp[:, move_ids].softmax(-1).numpy()
     marginal = moves.mean(0)
     information = float(entropy(marginal) - entropy(moves).mean())
     by_view: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -234,11 +237,10 @@ def start_figures(config: dict[str, Any], spec: str, seeds: range) -> dict[str, 
     prompts, expert, _, move_ids = states(tokenizer, config, seeds)
     close = tokenizer.encode("</answer>", add_special_tokens=False)
     with torch.no_grad():
-        logp = log_probs(model, prompts)
+        logp, hidden = log_probs_and_hidden(model, prompts)
         moves = logp[:, move_ids].softmax(-1)
         picked = torch.distributions.Categorical(probs=moves).sample().tolist()
         tag = tail_log_probs(model, [prompt + [move_ids[m]] + close for prompt, m in zip(prompts, picked)], len(close))
-        hidden = last_hidden(model, prompts)
     marginal = moves.mean(0).numpy()
     return {
         "warm_start": values,
