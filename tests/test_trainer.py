@@ -424,6 +424,39 @@ def test_share_prompt_forward_trains_on_the_log_probs_of_one_forward_per_row(tin
     torch.testing.assert_close(once[1][mask], whole[1][mask], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_share_prompt_forward_gives_ppos_values_and_the_choice_entropies_of_one_forward_per_row(tiny, tmp_path):
+    """PPO with action_entropy_coef and share_prompt_forward trains; on its last batch the hidden
+    states read off the second pass (the last prompt token on) give the critic's values and the
+    choices' entropies that one forward pass per row gives."""
+    from envhub_trl.critic import captured_hidden_states, read_values
+    from envhub_trl.loss_inputs import choice_entropies
+
+    config = _config(
+        tmp_path, share_prompt_forward=True, gradient_checkpointing=False, sample_layout="step", history_turns=0, max_turns=5,
+        format_penalty=-0.1, advantage_estimator="ppo", action_entropy_coef=0.1,
+    )
+    trainer, _, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    logged = [entry for entry in trainer.state.log_history if "policy/action_entropy" in entry]
+    assert logged and all("critic/value_loss" in entry for entry in logged)
+    inputs = batches[-1]["output"]
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    head = trainer.model.get_output_embeddings()
+    read = {}
+    for shared in (True, False):
+        trainer.args.share_prompt_forward = shared
+        with torch.no_grad(), captured_hidden_states(trainer.model) as hidden:
+            trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, inputs["completion_ids"].shape[1])
+        states = trainer.sequence_states(hidden)
+        entropy, points = choice_entropies(head, states, inputs, trainer.temperature)
+        read[shared] = (entropy[points], read_values(trainer.value_head, states, inputs["value_positions"])[inputs["value_mask"].bool()])
+    assert len(read[True][0]) > 0 and len(read[True][1]) > 0
+    torch.testing.assert_close(read[True][0], read[False][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(read[True][1], read[False][1], rtol=1e-5, atol=1e-5)
+
+
 def test_eval_env_id_plays_the_held_out_evaluation_on_another_env(tiny, tmp_path):
     """eval_env_id: training plays its env, every held-out evaluation (model or reference policy)
     the named one, with the run's prompt settings; the checkpoint record says so; a mix, kwargs

@@ -293,8 +293,9 @@ class EnvGRPOConfig(GRPOConfig):
             "help": "Score the loss's rows with one forward pass per distinct prompt: its key/value cache shared by the rows "
             "that begin with it, the replies run on top (envhub_trl.shared_prompts). The same log-probs (the gradient's "
             "sums in another order); in the step layout with little history, where the same prompt comes back in many "
-            "rows, the trainer's step costs a fraction (docs/results-rl-alone.md). Not with PPO's critic, "
-            "action_entropy_coef, gradient checkpointing, Liger's loss or several processes."
+            "rows, the trainer's step costs a fraction (docs/results-rl-alone.md). PPO's critic and "
+            "action_entropy_coef read their hidden states off the second pass. Not with gradient checkpointing, Liger's "
+            "loss or several processes."
         },
     )
     kl_coef: float = field(

@@ -181,11 +181,10 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):
         raise ValueError("ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off")
-    if c.share_prompt_forward and (c.advantage_estimator == "ppo" or c.action_entropy_coef or c.gradient_checkpointing or c.use_liger_kernel):
+    if c.share_prompt_forward and (c.gradient_checkpointing or c.use_liger_kernel):
         raise ValueError(
-            "share_prompt_forward scores the rows in two passes, so it does not combine with what reads every position's "
-            "hidden states (advantage_estimator='ppo', action_entropy_coef), gradient_checkpointing (on by default: set it "
-            "false) or use_liger_kernel"
+            "share_prompt_forward scores the rows in two passes, so it does not combine with gradient_checkpointing (on by "
+            "default: set it false) or use_liger_kernel"
         )
     if c.eval_env_id is not None and c.envs is not None:
         raise ValueError("eval_env_id names the env a single-env run is evaluated on; a mix (envs) evaluates each of its envs")

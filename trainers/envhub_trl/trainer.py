@@ -355,7 +355,7 @@ class EnvGRPOTrainer(TRLBridge):
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             mode = "train" if self.model.training else "eval"
             scale = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            states = hidden[-1] if len(hidden) == 1 else torch.cat(hidden)  # TRL may score the rows in chunks
+            states = self.sequence_states(hidden)  # TRL may score the rows in chunks, and share their prompts' passes
             if self.value_head is not None:
                 values = read_values(self.value_head, states, inputs["value_positions"])
                 value_loss = clipped_value_loss(values, inputs["old_values"], inputs["value_returns"], inputs["value_mask"], self.args.cliprange_value)

@@ -113,6 +113,7 @@ class TRLBridge(GRPOTrainer):
 
     _in_flight: GenerationBatch | None = None  # the batch TRL is scoring, until rollout_func takes its columns
     _loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, with ratio_type="segment"
+    _prompt_pass_width: int | None = None  # the last scoring's shared prompt pass's width (share_prompt_forward), else None
     _reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see reference_logps)
 
     # ------------------------------------------------------------------ generation
@@ -193,7 +194,7 @@ class TRLBridge(GRPOTrainer):
                 logps = fresh if logps is None else logps
                 if "values" in needs:
                     positions, _ = value_positions(starts, output["prompt_ids"].shape[1])
-                    scores["values"] = read_values(value_head, torch.cat(hidden), positions).float().cpu().numpy()
+                    scores["values"] = read_values(value_head, self.sequence_states(hidden), positions).float().cpu().numpy()
             if "logps" in needs:
                 scores["logps"] = logps.float().cpu().numpy()
             if "ref_logps" in needs:
@@ -285,7 +286,9 @@ class TRLBridge(GRPOTrainer):
         (:func:`~envhub_trl.shared_prompts.shared_prompt_logps`)."""
         beyond_text = any(value is not None and value is not False for value in kwargs.values())  # images, an MoE aux loss
         if not self.args.share_prompt_forward or beyond_text or input_ids.shape[1] - logits_to_keep < 2:
+            self._prompt_pass_width = None
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs)
+        self._prompt_pass_width = input_ids.shape[1] - logits_to_keep - 1
         batch_size = batch_size or input_ids.size(0)
         logps, entropies, prompts = [], [], 0
         for start in range(0, input_ids.size(0), batch_size):
@@ -298,6 +301,20 @@ class TRLBridge(GRPOTrainer):
             prompts += distinct
         self.log_metrics("train" if self.model.training else "eval", {"perf/rows_per_prompt_forward": input_ids.size(0) / max(prompts, 1)})
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+    def sequence_states(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """The final hidden states :func:`~envhub_trl.critic.captured_hidden_states` captured over
+        one scoring of the rows, ``(rows, length, size)`` in the rows' (prompt + completion) layout,
+        where :func:`~envhub_trl.loss_inputs.choice_points` and
+        :func:`~envhub_trl.critic.value_positions` read them.
+
+        TRL's scoring runs each chunk of rows once. With ``share_prompt_forward`` each chunk ran its
+        distinct prompts less their last token, then its rows from that token on: the second pass
+        holds every position a turn's choice or value is read at (the last prompt token and after),
+        and the positions before it are left zero here (nothing reads them)."""
+        if self._prompt_pass_width is None:
+            return hidden[0] if len(hidden) == 1 else torch.cat(hidden)
+        return torch.nn.functional.pad(torch.cat(hidden[1::2]), (0, 0, self._prompt_pass_width, 0))
 
     # ------------------------------------------------------------------ checkpoints
 
