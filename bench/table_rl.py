@@ -18,7 +18,8 @@ benchmark's ``eval_seed_offset`` tuning runs), next to the uniformly random poli
 
     python bench/table_rl.py --config bench/learning/format/sokoban6x6.yaml --algos grpo gigpo --seeds 0 1 2 --steps 300
 
-Writes bench/results/table_rl/<config name>.json.
+Writes bench/results/table_rl/<config name>-<groups a step>x<steps>.json. ``--steps`` and ``--groups-per-step`` ask
+what budget a policy that reads exactly needs to reach a target.
 """
 
 from __future__ import annotations
@@ -155,12 +156,15 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", choices=("grpo", "gigpo"), default=["grpo", "gigpo"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's max_steps)")
+    parser.add_argument("--groups-per-step", type=int, default=None, help="groups (levels) a step (default: the config's groups_per_step)")
     parser.add_argument("--learning-rate", type=float, default=0.05, help="Adam's rate on the table's logits")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--episodes", type=int, default=256, help="validation seeds")
     args = parser.parse_args()
     config = yaml.safe_load(Path(args.config).read_text())
     steps = args.steps or int(config["max_steps"])
+    if args.groups_per_step:
+        config["groups_per_step"] = args.groups_per_step
     print(f"{config['env_id']} {config.get('env_kwargs', {})}: {config['groups_per_step']} groups of {config['group_size']} a step, {config['max_turns']} turns, {steps} steps")
     baseline = random_success(config, args.episodes)
     print(f"uniformly random policy: {baseline:.1%} validation success")
@@ -168,7 +172,7 @@ def main() -> None:
     for algo in args.algos:
         final = [r["curve"][-1]["greedy"] for r in runs if r["algo"] == algo]
         print(f"{algo}: validation greedy after {steps} steps {' / '.join(f'{f:.1%}' for f in final)} (seeds {' / '.join(map(str, args.seeds))}), mean {np.mean(final):.1%} ± {np.std(final):.1%}")
-    out = ROOT / "results" / "table_rl" / f"{Path(args.config).stem}.json"
+    out = ROOT / "results" / "table_rl" / f"{Path(args.config).stem}-{config['groups_per_step']}x{steps}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": args.config, "steps": steps, "learning_rate": args.learning_rate, "random": baseline, "runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
