@@ -171,7 +171,7 @@ def main() -> None:
     runs = [run(config, algo, seed, steps, args.learning_rate, args.eval_every, args.episodes) for algo in args.algos for seed in args.seeds]
     for algo in args.algos:
         final = [r["curve"][-1]["greedy"] for r in runs if r["algo"] == algo]
-        print(f"{algo}: validation greedy after {steps} steps {' / '.join(f'{f:.1%}' for f in final)} (seeds {' / '.join(map(str, args.seeds))}), mean {np.mean(final):.1%} ± {np.std(final):.1%}")
+        print(f"{algo}: validation greedy after {steps} steps {' / '.join(f'{f:.1%}' for f in final)} (seeds {' / '.join(map(str, args.seeds))}), mean {np.mean(final):.1%} ± {np.std(final, ddof=1) if len(final) > 1 else 0.0:.1%}")
     out = ROOT / "results" / "table_rl" / f"{Path(args.config).stem}-{config['groups_per_step']}x{steps}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"config": args.config, "steps": steps, "learning_rate": args.learning_rate, "random": baseline, "runs": runs}, indent=1) + "\n")
