@@ -130,25 +130,18 @@ def left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def log_probs(model: Any, prompts: list[list[int]]) -> torch.Tensor:
-    """Log-probabilities over the vocabulary at the end of each prompt (left-padded batches)."""
-    out = []
+def log_probs(model: Any, prompts: list[list[int]], hidden: bool = False) -> Any:
+    """Log-probabilities over the vocabulary at the end of each prompt (left-padded batches); with
+    ``hidden``, also the last layer's hidden state there from the same forward pass (after the final
+    norm: what the head reads), as a pair."""
+    logp, states = [], []
     for i in range(0, len(prompts), 128):
         ids, mask = left_padded(prompts[i : i + 128])
-        out.append(torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1))
-    return torch.cat(out)
-
-
-def log_probs_and_hidden(model: Any, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`log_probs`, and from the same forward pass the last layer's hidden state (after the final
-    norm: what the head reads) at the end of each prompt."""
-    logp, hidden = [], []
-    for i in range(0, len(prompts), 128):
-        ids, mask = left_padded(prompts[i : i + 128])
-        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=hidden)
         logp.append(torch.log_softmax(out.logits[:, -1, :].float(), -1))
-        hidden.append(out.hidden_states[-1][:, -1].float())
-    return torch.cat(logp), torch.cat(hidden)
+        if hidden:
+            states.append(out.hidden_states[-1][:, -1].float())
+    return (torch.cat(logp), torch.cat(states)) if hidden else torch.cat(logp)
 
 
 def tail_log_probs(model: Any, rows: list[list[int]], tail: int) -> torch.Tensor:
@@ -201,7 +194,7 @@ def probe(folder: str, config: dict[str, Any], seeds: range) -> dict[str, Any]:
     model, tokenizer = load(folder, config)
     prompts, expert, views, move_ids = states(tokenizer, config, seeds)
     with torch.no_grad():
-        logp, hidden = log_probs_and_hidden(model, prompts)
+        logp, hidden = log_probs(model, prompts, hidden=True)
         moves = logp[:, move_ids].softmax(-1).numpy()
     marginal = moves.mean(0)
     information = float(entropy(marginal) - entropy(moves).mean())
@@ -237,7 +230,7 @@ def start_figures(config: dict[str, Any], spec: str, seeds: range) -> dict[str, 
     prompts, expert, _, move_ids = states(tokenizer, config, seeds)
     close = tokenizer.encode("</answer>", add_special_tokens=False)
     with torch.no_grad():
-        logp, hidden = log_probs_and_hidden(model, prompts)
+        logp, hidden = log_probs(model, prompts, hidden=True)
         moves = logp[:, move_ids].softmax(-1)
         picked = torch.distributions.Categorical(probs=moves).sample().tolist()
         tag = tail_log_probs(model, [prompt + [move_ids[m]] + close for prompt, m in zip(prompts, picked)], len(close))
