@@ -200,12 +200,13 @@ class _Batches:
     """A batch generator that takes ``seconds`` a batch and records each batch's size."""
 
     def __init__(self, seconds: float):
-        self.seconds, self.sizes = seconds, []
+        self.seconds, self.sizes, self.started = seconds, [], []
 
     def generate_each(self, prompts, samplings):
         import time
 
         self.sizes.append(len(prompts))
+        self.started.append(time.perf_counter())
         time.sleep(self.seconds)
         return [Completion(text="x", token_ids=[1], logprobs=[0.0], finish_reason="length") for _ in prompts]
 
@@ -238,3 +239,34 @@ def test_the_callers_a_batch_answered_share_the_next_batch_though_they_call_back
             assert time.perf_counter() - started < 1.0 + 0.2 + 0.5  # the batch, and at most straggler_wait_s for the rest
         else:  # with no straggler wait, the slow callers are taken as they come
             assert generator.sizes[0] == 6 and len(generator.sizes) > 3
+
+
+@pytest.mark.parametrize("ending", ["reward", "close"])
+def test_the_worker_does_not_wait_for_the_callers_of_sessions_that_ended(tiny, ending):
+    """After a batch, the worker waits up to that batch's time for the sessions it answered; a
+    session whose reward was posted or whose agent returned (closed) is not waited for, so the
+    next batch starts as soon as the live sessions are back, and ending one mid-wait wakes it."""
+    import time
+
+    from envhub.generation import Prompt, SamplingParams
+
+    def call(proxy, sessions):
+        futures = [proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), s) for s in sessions]
+        for future in futures:
+            future.result(timeout=30)
+
+    def end(proxy, session):
+        proxy.store.set_reward(session, 1.0) if ending == "reward" else proxy.store.close(session)
+
+    generator = _Batches(seconds=2.0)
+    proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=5.0)
+    call(proxy, ["a", "b", "c", "d"])  # one batch of four sessions
+    end(proxy, "c"), end(proxy, "d")
+    sent = time.perf_counter()
+    call(proxy, ["a", "b"])  # the two live sessions are back: nothing else to wait for
+    assert generator.sizes == [4, 2] and generator.started[1] - sent < 1.0  # not the batch's 2 s
+
+    threading.Timer(0.5, end, args=(proxy, "b")).start()  # b ends while the worker waits for it
+    sent = time.perf_counter()
+    call(proxy, ["a"])
+    assert generator.sizes == [4, 2, 1] and 0.4 < generator.started[2] - sent < 1.5

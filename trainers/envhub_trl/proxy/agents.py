@@ -100,6 +100,8 @@ def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: Pro
             results[key] = (agent(server.base_url, key, task), None)
         except BaseException as exc:  # the agent's own failure ends its session only
             results[key] = (None, exc)
+        finally:
+            store.close(key)  # its agent is done: the proxy's worker no longer waits for its next call
 
     start = time.monotonic()
     # Daemon threads, not a pool: an agent that hangs must not keep the process alive at exit.

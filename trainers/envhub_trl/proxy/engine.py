@@ -30,6 +30,9 @@ from envhub_trl.proxy.responses import chat_response, make_choice
 from envhub_trl.proxy.sessions import CallRecord, SessionStore
 
 
+_WAKE = object()  # queued when a session ends, so a worker waiting for its caller counts again
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PendingCall:
     """A call prepared and waiting for its completions: what its record will hold but the choices
@@ -71,7 +74,8 @@ class ChatProxy:
         batch_wait_s: how long the generator waits for one more request before it starts a batch
             (each arrival restarts the wait): concurrent agents then share a batch.
         straggler_wait_s: the longer wait between arrivals while fewer requests are in than the
-            last batch answered (at most that batch's own time in all): see :meth:`_gather`.
+            last batch answered in sessions that have not ended (at most that batch's own time in
+            all): see :meth:`_gather`.
     """
 
     def __init__(
@@ -102,7 +106,9 @@ class ChatProxy:
         self.straggler_wait_s = straggler_wait_s
         self.view = TemplateView(tokenizer)
         self._stop_ids = set(stop_token_ids(tokenizer))
-        self._requests: queue.Queue[tuple[Prompt, SamplingParams, concurrent.futures.Future[Completion]]] = queue.Queue()
+        # (prompt, sampling, future, session id), or _WAKE when a session ends
+        self._requests: queue.Queue[Any] = queue.Queue()
+        self.store.on_end(lambda _: self._requests.put(_WAKE))
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._keys = itertools.count()
@@ -117,25 +123,29 @@ class ChatProxy:
 
     def _work(self) -> None:
         stream = as_stream(self.generator)
-        waiting: dict[int, concurrent.futures.Future[Completion]] = {}
-        answered, took = 0, 0.0  # the last batch's completions (when it left nothing running) and its seconds
+        waiting: dict[int, tuple[concurrent.futures.Future[Completion], str | None]] = {}
+        answered: list[str | None] = []  # the sessions of the last batch's completions (when it left nothing running)
+        took = 0.0  # and its seconds
         while True:
             self._gather(stream, waiting, answered, took)
             started = time.perf_counter()
             try:
                 finished = stream.poll()
             except Exception as exc:  # the generator failed: every request in flight fails with it
-                for future in waiting.values():
+                for future, _ in waiting.values():
                     future.set_exception(exc)
                 waiting.clear()
                 stream = as_stream(self.generator)
                 continue
             took = time.perf_counter() - started
+            sessions = []
             for key, completion in finished:
-                waiting.pop(key).set_result(completion)
-            answered = 0 if waiting else len(finished)
+                future, session_id = waiting.pop(key)
+                future.set_result(completion)
+                sessions.append(session_id)
+            answered = [] if waiting else sessions
 
-    def _gather(self, stream: Any, waiting: dict[int, concurrent.futures.Future[Completion]], answered: int, took: float) -> None:
+    def _gather(self, stream: Any, waiting: dict[int, tuple[concurrent.futures.Future[Completion], str | None]], answered: list[str | None], took: float) -> None:
         """Submit to ``stream`` the requests that arrive before the next batch starts.
 
         Idle, the worker waits for a first request, then takes every request that arrives within
@@ -147,38 +157,51 @@ class ChatProxy:
         at about the same time, but further apart than ``batch_wait_s`` under load; started
         without them, a batch on a small model costs about as much as a whole one, their own batch
         follows it, and the sessions settle into two halves that take turns (`bench/proxy.py`
-        logged batches of 31 and 33, and of 41 and 23, for 64 sessions).
+        logged batches of 31 and 33, and of 41 and 23, for 64 sessions). A caller whose session
+        has ended (its agent returned, its reward was posted) is not waited for: the store wakes
+        the worker when a session ends, and the count is taken again.
         """
         queued, gathered, fresh, deadline = self._requests.qsize(), 0, 0, time.perf_counter() + took
+        expected = self._live(answered)
         while True:
             if gathered == 0 and not queued:
                 wait: float | None = 0.0 if waiting else None
             elif gathered < queued:  # those that came in during the batch
                 wait = 0.0
-            elif gathered < answered:  # the batch's callers: the first within its time, then each within straggler_wait_s
+            elif gathered < expected:  # the batch's callers: the first within its time, then each within straggler_wait_s
                 left = deadline - time.perf_counter()
                 wait = max(self.batch_wait_s, left if not fresh else min(self.straggler_wait_s, left))
             else:
                 wait = self.batch_wait_s or 0.0
             try:
-                prompt, sampling, future = self._requests.get(timeout=wait) if wait != 0.0 else self._requests.get_nowait()
+                item = self._requests.get(timeout=wait) if wait != 0.0 else self._requests.get_nowait()
             except queue.Empty:
                 if gathered < queued:  # another consumer cannot exist; qsize was an estimate
                     queued = gathered
                     continue
                 return
+            if item is _WAKE:  # a session ended: count the callers again
+                if gathered < queued:
+                    queued -= 1
+                expected = self._live(answered)
+                continue
+            prompt, sampling, future, session_id = item
             if gathered == 0 and not queued:  # the first after an idle wait: the callers' time starts now
                 deadline = time.perf_counter() + took
             fresh += gathered >= queued
             gathered += 1
             key = next(self._keys)
-            waiting[key] = future
+            waiting[key] = (future, session_id)
             stream.submit(key, prompt, sampling)
 
-    def _submit(self, prompt: Prompt, sampling: SamplingParams) -> concurrent.futures.Future[Completion]:
+    def _live(self, sessions: list[str | None]) -> int:
+        """How many of ``sessions`` (None: a call with no session) have not ended."""
+        return sum(1 for session_id in sessions if session_id is None or not self.store.has_ended(session_id))
+
+    def _submit(self, prompt: Prompt, sampling: SamplingParams, session_id: str | None = None) -> concurrent.futures.Future[Completion]:
         self._ensure_worker()
         future: concurrent.futures.Future[Completion] = concurrent.futures.Future()
-        self._requests.put((prompt, sampling, future))
+        self._requests.put((prompt, sampling, future, session_id))
         return future
 
     # ------------------------------------------------------------------ calls
@@ -246,7 +269,7 @@ class ChatProxy:
         prompt = Prompt(token_ids=list(prompt_ids), messages=list(request.messages), tools=shown, reply_prefix=prefill(request),
                         stop_strings=request.stop)
         futures = [
-            self._submit(prompt, SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, seed=seed))
+            self._submit(prompt, SamplingParams(max_new_tokens=budget, temperature=temperature, top_p=top_p, seed=seed), session_id)
             for seed in seeds
         ]
         system = next((m["content"] for m in request.messages if m["role"] == "system"), "")

@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envhub.trajectory import Trajectory, Turn
@@ -155,16 +155,35 @@ class SessionStore:
         self._sessions: dict[str, Session] = {}
         self._closed: set[str] = set()
         self._lock = threading.Lock()
+        self._on_end: list[Callable[[str], None]] = []
+
+    def on_end(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(session_id)`` whenever a session ends (:meth:`has_ended` turns true)."""
+        self._on_end.append(listener)
+
+    def _ended(self, session_id: str) -> None:
+        for listener in self._on_end:
+            listener(session_id)
 
     def close(self, session_id: str) -> None:
         """Refuse any later call of ``session_id`` (its agent ended, or ran past its deadline)."""
         with self._lock:
             self._closed.add(session_id)
+        self._ended(session_id)
 
     def is_closed(self, session_id: str) -> bool:
         """Whether ``session_id`` was closed."""
         with self._lock:
             return session_id in self._closed
+
+    def has_ended(self, session_id: str) -> bool:
+        """Whether ``session_id`` is over: closed, or its reward posted. The proxy's worker does not
+        wait for an ended session's next call before it starts a batch."""
+        with self._lock:
+            if session_id in self._closed:
+                return True
+            session = self._sessions.get(session_id)
+            return session is not None and session.reward is not None
 
     def get(self, session_id: str) -> Session:
         """The session ``session_id``, started empty if new."""
@@ -199,6 +218,7 @@ class SessionStore:
         with self._lock:
             session.reward = float(reward)
             session.step_rewards.update({int(k): float(v) for k, v in (step_rewards or {}).items()})
+        self._ended(session_id)
         return session
 
     def stats(self) -> dict[str, int]:
