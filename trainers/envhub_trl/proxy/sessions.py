@@ -168,6 +168,8 @@ class SessionStore:
     def close(self, session_id: str) -> None:
         """Refuse any later call of ``session_id`` (its agent ended, or ran past its deadline)."""
         with self._lock:
+            if session_id in self._closed:
+                return
             self._closed.add(session_id)
         self._ended(session_id)
 
