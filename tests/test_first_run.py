@@ -4,9 +4,11 @@ stderr is a file or a pipe."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
+import re
 import types
 
 import pytest
@@ -58,6 +60,9 @@ def test_evaluation_cuts_the_models_episodes_but_not_the_reference_policies(tmp_
     entry = args.env_entries()[0]
     assert args.eval_max_invalid_streak == 3
     assert args.env_settings(entry).max_invalid_streak is None  # training, and the reference policies, play every turn
+    cut = config.EnvGRPOConfig(output_dir=str(tmp_path), report_to="none", env_id=LAKE, max_invalid_streak=2)
+    assert cut.env_settings(entry).max_invalid_streak == 2  # training's own streak ...
+    assert cut.held_out_settings(entry).max_invalid_streak is None  # ... which evaluation does not inherit
     played = []
     trainer = types.SimpleNamespace(args=args, processing_class=None, generator=None, generator_lock=contextlib.nullcontext())
     monkeypatch.setattr(trainer_module, "evaluate_generator", lambda generator, tokenizer, settings, *a, **k: played.append(settings) or {})
@@ -98,7 +103,8 @@ def test_progress_lines_are_spaced_out(monkeypatch):
 def test_a_first_run_reports_its_cut_episodes_and_its_progress(tmp_path):
     """``envhub train`` from the untrained tiny model, cut short: the held-out lines say how many
     episodes ended for invalid replies, progress lines appear on a non-terminal stderr, and
-    results.json holds every figure."""
+    results.json holds every figure. Its training episodes end after 2 invalid replies in a row
+    (``max_invalid_streak``), held-out ones after 3 (``eval_max_invalid_streak``)."""
     pytest.importorskip("envhub_trl")
     from click.testing import CliRunner
 
@@ -108,8 +114,13 @@ def test_a_first_run_reports_its_cut_episodes_and_its_progress(tmp_path):
     result = CliRunner().invoke(cli, [
         "train", "--env", LAKE, "--model", "tiny", "--output-dir", str(out), "--eval-episodes", "8",
         "max_steps=1", "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "max_turns=6",
+        "max_invalid_streak=2", "--verbose",
     ])
     assert result.exit_code == 0, result.output
+    logged = re.search(r"\{[^{}]*'env/mean_turns'[^{}]*\}", result.output)
+    assert logged, result.output
+    logged = ast.literal_eval(logged.group(0))  # the step's metrics: every training episode cut after 2 turns
+    assert float(logged["env/invalid_end_rate"]) == 1.0 and float(logged["env/mean_turns"]) == 2.0
     assert "held-out, initial model, greedy: 8/8 episodes" in result.output
     assert "held-out, initial model, sampled" not in result.output  # sampled only with eval_sampled: true
     # The untrained model replies nothing in format: every episode is cut, and the line says so.

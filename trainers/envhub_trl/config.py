@@ -128,6 +128,14 @@ class EnvGRPOConfig(GRPOConfig):
         default=PROMPT_DEFAULTS.unfinished_replies,
         metadata={"help": "A reply cut off at max_turn_tokens before it ended its turn: 'parse' reads it like any other, 'invalid' refuses it (with format_penalty)."},
     )
+    max_invalid_streak: int | None = field(
+        default=None,
+        metadata={
+            "help": "A training episode ends after this many invalid replies in a row (truncated, end reason 'invalid'); "
+            "None plays every training episode to its turn limit. Where most sampled replies are invalid (a long action "
+            "space, a weak start), the turns after a streak teach little and cost the most."
+        },
+    )
     action_format: str | None = field(
         default=PROMPT_DEFAULTS.action_format,
         metadata={
@@ -414,8 +422,9 @@ class EnvGRPOConfig(GRPOConfig):
     def env_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
         """How training plays one env of the run (default: the first), as one value: its env
         kwargs, its turn limit (else the run's), the run's layout and reply budget, and the run's
-        prompt settings with the env's own overrides. Held-out evaluation adds its invalid streak
-        (``eval_max_invalid_streak``) to the model's episodes; training plays every turn."""
+        prompt settings with the env's own overrides, and the training episodes' invalid streak
+        (``max_invalid_streak``). Held-out evaluation puts its own (``eval_max_invalid_streak``) on
+        the model's episodes."""
         entry = entry if entry is not None else self._entries[0]
         return EnvSettings(
             entry.env_id,
@@ -424,12 +433,14 @@ class EnvGRPOConfig(GRPOConfig):
             layout=self.sample_layout,
             prompt=self.prompt_settings().replace(**entry.prompt),
             max_turn_tokens=self.max_turn_tokens,
+            max_invalid_streak=self.max_invalid_streak,
         )
 
     def held_out_settings(self, entry: EnvEntry | None = None) -> EnvSettings:
         """How held-out evaluation plays one env of the run: :meth:`env_settings`, on ``eval_env_id``
-        (with ``eval_env_kwargs``, else the training env's kwargs) when the run names one."""
-        settings = self.env_settings(entry)
+        (with ``eval_env_kwargs``, else the training env's kwargs) when the run names one; every
+        episode to its turn limit (evaluation sets the model's invalid streak itself)."""
+        settings = self.env_settings(entry).replace(max_invalid_streak=None)
         if self.eval_env_id is None:
             return settings
         kwargs = settings.env_kwargs if self.eval_env_kwargs is None else dict(self.eval_env_kwargs)

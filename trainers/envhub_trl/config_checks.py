@@ -41,6 +41,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     **PROMPT_BOUNDS,
     # Environment
     "max_turns": AT_LEAST_ONE,
+    "max_invalid_streak": AT_LEAST_ONE,
     "num_train_seeds": AT_LEAST_ONE,
     # Batches (group_size is num_generations after the alias is resolved; GRPO compares members of a group)
     "groups_per_step": AT_LEAST_ONE,

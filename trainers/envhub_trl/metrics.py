@@ -46,6 +46,7 @@ def rollout_metrics(
         "env/reward_std_per_group": metrics["reward_std_per_group"],
         "env/zero_std_group_fraction": metrics["zero_std_group_fraction"],
         "env/truncated_rate": metrics["truncated_rate"],
+        "env/invalid_end_rate": metrics["invalid_end_rate"],
         "env/kept_fraction": float(np.mean(keep)),
     }
     if per_env:
