@@ -193,11 +193,11 @@ def test_readme_training_command_and_figures_are_the_demo_and_its_results():
     assert re.search(r"^demo:.*\n\t.*/envhub " + re.escape(command.removeprefix("envhub ")) + "$", makefile, re.M)
     demo = _section((DOCS / "results.md").read_text(), "## The demo")
     figures = re.findall(r"\d[\d,.]*%|\d+(?:\.\d+)? minutes", train)
-    assert {"90.6%", "43.0%", "96.1%", "0.0%", "7.2 minutes"} <= set(figures)
+    assert {"74.2%", "89.8%", "43.0%", "96.1%", "0.0%", "5.2 minutes"} <= set(figures)
     for figure in figures:
         assert figure in demo, f"the README's {figure} is not in the results page's demo section"
     words = " ".join(demo.split())
-    assert "warm start of 1,000 steps" in words and "on 256 episodes" in words and "100 GiGPO steps of 64 episodes" in words
+    assert "warm start of 100 steps" in words and "on 256 episodes" in words and "100 GiGPO steps of 128 episodes" in words
 
 
 
