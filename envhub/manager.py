@@ -10,7 +10,8 @@ Episodes end when the environment terminates or truncates (its turn limit is ``m
 the environment raises (recorded with the error), or when the next prompt would not fit
 ``max_prompt_tokens`` (recorded as truncated, end reason ``"context"``), or, with
 ``max_invalid_streak``, after that many invalid replies in a row (truncated, end reason
-``"invalid"``: a model that cannot yet reply in format would otherwise play every turn to the limit).
+``"invalid"``: a model that cannot yet reply in format would otherwise play every turn to the limit;
+the last reply also carries the format penalty of the turns left, so the cut changes no return).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class EnvGroupManager:
             ``max_turns``, ``instructions``, ``system_prompt``, ``show_legal_actions`` (a mix of
             FrozenLake and Sokoban needs two sets of short instructions and turn limits).
         max_invalid_streak: end an episode (truncated, end reason ``"invalid"``) after this many
-            invalid replies in a row; None plays on to the turn limit.
+            invalid replies in a row, its last reply charged ``format_penalty`` for each turn left
+            too; None plays on to the turn limit.
         **prompt_fields: fields of ``prompt`` given one by one (``history_turns=1``), over
             ``prompt``'s.
     """
@@ -469,6 +471,10 @@ class EnvGroupManager:
             return
         slot.invalid_streak = 0 if valid else slot.invalid_streak + 1
         if self.max_invalid_streak is not None and slot.invalid_streak >= self.max_invalid_streak:
+            # The cut saves compute, not reward: the last reply also carries the format penalty of
+            # every turn left, as if the streak went on to the turn limit. Else quitting by three
+            # invalid replies costs less than playing on, and RL learns to quit.
+            trajectory.turns[-1].reward += self.format_penalty * (slot.max_turns - len(trajectory.turns))
             self._end(slot, "invalid")
             return
         # _observe, inlined: this runs once per env per turn

@@ -40,6 +40,20 @@ def test_an_episode_ends_after_the_set_number_of_invalid_replies_in_a_row(flaky_
     assert batch_metrics([stuck, fine])["invalid_end_rate"] == 0.5
 
 
+def test_a_cut_episode_returns_what_playing_on_invalid_would_have(flaky_env):
+    """The cut saves turns, not penalties: quitting by a streak must not pay better than playing on."""
+    bad, ok = "<answer>Jump</answer>", "<answer>Ok</answer>"
+    cut = EnvGroupManager(flaky_env, 1, 1, max_turns=6, max_invalid_streak=2, format_penalty=-0.1)
+    play(cut, [[ok], [bad], [bad]])
+    full = EnvGroupManager(flaky_env, 1, 1, max_turns=6, format_penalty=-0.1)
+    play(full, [[ok], [bad], [bad], [bad], [bad], [bad]])
+    (stopped,), (played,) = cut.trajectories(), full.trajectories()
+    assert stopped.end_reason == "invalid" and stopped.num_turns == 3 and played.num_turns == 6
+    assert [t.reward for t in stopped.turns[:2]] == [t.reward for t in played.turns[:2]]
+    assert stopped.turns[-1].reward == pytest.approx(played.turns[2].reward - 0.3)  # three turns left
+    assert sum(t.reward for t in stopped.turns) == pytest.approx(sum(t.reward for t in played.turns))
+
+
 def test_without_a_streak_limit_invalid_replies_play_to_the_turn_limit(flaky_env):
     manager = EnvGroupManager(flaky_env, 1, 1, max_turns=5)
     play(manager, [["nonsense"]] * 6)
