@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
-
-import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -61,18 +58,6 @@ def warm_start_success(values: dict, warm_start: WarmStart, seed: int, episodes:
     }
 
 
-def read_config(path: str, overrides: list[str]) -> dict:
-    """The config's fields with ``overrides``, checked as `envhub train` checks them (1e-4 is a
-    number); a bench/learning/ config's own keys (``model``: the tiny one here; ``targets``) left out."""
-    values = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    for key in ("model", "targets"):
-        values.pop(key, None)
-    with tempfile.TemporaryDirectory() as folder:
-        copy = Path(folder) / Path(path).name
-        copy.write_text(yaml.safe_dump(values), encoding="utf-8")
-        return load_config_file(str(copy), overrides)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description="Held-out greedy success after the warm start, per training seed.")
     # The 1,000-step warm start that reads the view at every seed (make demo's until 2026-11-28).
@@ -83,7 +68,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=256, help="Validation episodes per seed.")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "warm_start_seeds.json"), help="Where to write the figures.")
     args = parser.parse_args()
-    values = read_config(args.config, args.set)
+    values = load_config_file(args.config, args.set, ignore=("model", "targets"))  # checked as `envhub train` checks it
     warm_start = WarmStart.from_mapping({**(values.pop("warm_start", None) or {}), **json.loads(args.warm_start)})
     print(f"{values.get('env_id')}: {warm_start.describe()}; {args.episodes} validation seeds, greedy")
     runs = []

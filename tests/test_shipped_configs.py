@@ -26,12 +26,12 @@ def test_the_shipped_configs_are_found():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_a_shipped_config_loads(path, tmp_path):
+    own = ()
     if path.parent.name in ("learning", "format"):  # bench/learning.py reads model and targets itself
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert values.pop("model") == "tiny" and isinstance(values.pop("targets", {}), dict)
-        path = tmp_path / path.name
-        path.write_text(yaml.safe_dump(values), encoding="utf-8")
-    values = load_config_file(str(path))
+        own = ("model", "targets")
+    values = load_config_file(str(path), ignore=own)
     warm_start = split_warm_start(values, str(path))
     TinySpec.from_mapping(values.pop("tiny", None))
     LoraSettings.from_mapping(values.pop("lora", None))

@@ -21,11 +21,12 @@ from envhub.error import EnvhubError
 RUN_KEYS = ("warm_start", "tiny", "lora")
 
 
-def load_config_file(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def load_config_file(path: str | None, overrides: Sequence[str] = (), ignore: Sequence[str] = ()) -> dict[str, Any]:
     """The fields of a YAML config file (empty without one) with Hydra-style ``KEY=VALUE``
     ``overrides`` applied: EnvGRPOConfig fields and :data:`RUN_KEYS`, each checked against its
     annotation (and converted where safe: ``1e-4`` read as a string becomes a float) before
-    anything loads.
+    anything loads. Keys in ``ignore`` are the caller's own (``bench/learning.py``'s ``model`` and
+    ``targets``): left out, not checked.
 
     Raises:
         click.ClickException: for malformed YAML, an unknown field or a value of the wrong type,
@@ -36,7 +37,7 @@ def load_config_file(path: str | None, overrides: Sequence[str] = ()) -> dict[st
 
     try:
         values = read_yaml_mapping(path) if path is not None else {}
-        values = apply_overrides(values, overrides, EnvGRPOConfig)
+        values = apply_overrides({k: v for k, v in values.items() if k not in ignore}, overrides, EnvGRPOConfig)
         return check_values(values, EnvGRPOConfig, extra=RUN_KEYS, source=path or "config")
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
