@@ -163,6 +163,10 @@ def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
     sample = session_trajectory(session).sample()
     assert sum(sample.env_mask) == sum(len(c.choices[0].token_ids) for c in session.calls)
     assert "Call the move tool" in tokenizer.decode(list(session.calls[1].env_ids))
+    metrics = batch.metrics()  # the first reply was text, every later one a call that ended its turn
+    assert metrics["agent/tool_call_rate"] == pytest.approx(len(moves) / (1 + len(moves)))
+    assert metrics["agent/length_cut_rate"] == 0.0
+    assert metrics["agent/reply_tokens"] == pytest.approx(sum(len(c.choices[0].token_ids) for c in session.calls) / len(session.calls))
 
 
 def test_a_format_only_start_records_the_agents_sessions_with_random_tool_calls(server):

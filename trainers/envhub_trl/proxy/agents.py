@@ -58,12 +58,20 @@ class AgentBatch:
 
     def metrics(self) -> dict[str, float]:
         """``agent/`` metrics: calls per session, the share of calls that broke the fold (a history
-        rewritten, a template that drops earlier turns), the share of sessions that failed, sessions per second."""
+        rewritten, a template that drops earlier turns), the share of sessions that failed, sessions
+        per second; and what the replies were: the share that made a tool call the request's
+        schemas accept, the share cut at ``max_tokens``, and their mean length in tokens (a model
+        that has not learnt the agent's call format shows here before it shows in any reward)."""
         flat = [s for group in self.sessions for s in group]
         calls = sum(len(s.calls) for s in flat)
         later = sum(max(len(s.calls) - 1, 0) for s in flat)
+        choices = [choice for s in flat for call in s.calls for choice in call.choices]
+        share = (lambda count: count / len(choices)) if choices else (lambda count: 0.0)
         return {
             "agent/calls_per_session": calls / len(flat),
+            "agent/tool_call_rate": share(sum(bool(c.tool_calls) for c in choices)),
+            "agent/length_cut_rate": share(sum(c.finish_reason == "length" for c in choices)),
+            "agent/reply_tokens": share(sum(len(c.token_ids) for c in choices)),
             "agent/fold_break_rate": sum(s.breaks for s in flat) / later if later else 0.0,
             "agent/failed_sessions": sum(s.error is not None for s in flat) / len(flat),
             "agent/sessions_per_s": len(flat) / self.seconds if self.seconds > 0 else 0.0,
