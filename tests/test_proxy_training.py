@@ -90,10 +90,11 @@ def test_envhub_train_agent_learns_the_tool_format_from_a_random_caller_first(tm
     common = ["train", "--agent", "examples/agents/frozenlake_openai.py:play", "--tasks", str(tasks), "--output-dir", str(out),
               "max_steps=1", "groups_per_step=1", "group_size=2", "per_device_train_batch_size=2", "eval_episodes=2",
               "use_cpu=true", "report_to=none", "tiny.hidden_size=64", "tiny.num_heads=1", "tiny.num_layers=1"]
-    result = CliRunner().invoke(cli, [*common, "warm_start.demonstrator=random", "warm_start.steps=3", "warm_start.episodes=3"])
+    result = CliRunner().invoke(cli, [*common, "warm_start.demonstrator=random", "warm_start.steps=3", "warm_start.episodes=3", "eval_sampled=true"])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
-    assert list(results["evaluations"]) == ["initial model", "after the warm start", "after RL"]
+    stages = ["initial model", "after the warm start", "after RL"]
+    assert list(results["evaluations"]) == [name for stage in stages for name in (stage, f"{stage}, sampled")]
     assert "3 supervised steps" in results["warm_start"] and results["warm_start_seconds"] > 0
     assert "after the warm start" in result.output
     expert = CliRunner().invoke(cli, [*common, "--overwrite", "warm_start.steps=3"])

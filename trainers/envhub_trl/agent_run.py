@@ -2,7 +2,8 @@
 
 The run reads its config as ``envhub train`` does (a :class:`~envhub_trl.run_spec.RunSpec`), builds
 ``EnvGRPOTrainer(..., agent=..., tasks=...)`` (:mod:`envhub_trl.agent_rollouts`), plays the agent
-greedily once on each held-out task before and after training, and writes ``final/`` (the model
+greedily once on each held-out task before and after training (with ``eval_sampled``, once more
+at the run's temperature), and writes ``final/`` (the model
 and tokenizer) and ``results.json`` (the figures, the agent, the config and the log history) into
 the output folder.
 
@@ -70,15 +71,23 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     model, tokenizer = load_model_and_tokenizer(spec.model, [e.env_id for e in entries], args.seed, tiny=spec.tiny if spec.model == "tiny" else None)
     trainer = EnvGRPOTrainer(model, args, processing_class=tokenizer, agent=agent, tasks=tasks)
     click.echo(f"agent {agent_ref}: {len(tasks)} training tasks, {len(held_out)} held-out; evaluating the initial model", err=True)
-    evaluations = {"initial model": trainer.agents.evaluate(trainer, held_out)}
+    evaluations: dict[str, dict[str, float]] = {}
+
+    def evaluate(stage: str) -> None:
+        """Greedy on the held-out tasks, and with ``eval_sampled`` at the run's temperature too."""
+        evaluations[stage] = trainer.agents.evaluate(trainer, held_out)
+        if args.eval_sampled:
+            evaluations[f"{stage}, sampled"] = trainer.agents.evaluate(trainer, held_out, greedy=False)
+
+    evaluate("initial model")
     warm_seconds = 0.0
     if warm_start.active and not resume:  # a resumed run's checkpoint already holds it
         warm_seconds = _format_warm_start(trainer, agent, tasks, warm_start)
-        evaluations["after the warm start"] = trainer.agents.evaluate(trainer, held_out)
+        evaluate("after the warm start")
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=True if resume == "last" else resume)
     seconds = time.perf_counter() - started
-    evaluations["after RL"] = trainer.agents.evaluate(trainer, held_out)
+    evaluate("after RL")
     trainer.agents.close()
     out = Path(args.output_dir)
     trainer.save_model(str(out / "final"))
