@@ -158,7 +158,7 @@ def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
     with ProxyServer(ChatProxy(ExpertMoves(tokenizer, moves), tokenizer, model="*")) as lake:
         batch = play_agents(play, [{"seed": 5}], 1, lake)
     session = batch.sessions[0][0]
-    assert session.reward == 1.0 and session.error is None
+    assert session.reward == pytest.approx(0.9) and session.error is None  # won, less the cost of its text reply
     assert len(session.calls) == 1 + len(moves) and session.breaks == 0
     sample = session_trajectory(session).sample()
     assert sum(sample.env_mask) == sum(len(c.choices[0].token_ids) for c in session.calls)

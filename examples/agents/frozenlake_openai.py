@@ -28,6 +28,10 @@ MAX_TURNS = 8
 #: tiny model's, which spells JSON a character at a time.
 MAX_TOKENS = 96
 DIRECTIONS = ["left", "down", "right", "up"]
+#: What a reply that is not a move call costs, as envhub's own loop charges an invalid reply its
+#: ``format_penalty``: without it, breaking the call format costs a model nothing more than a
+#: losing move does, and RL, which pushes down every token of a losing session, wears the format away.
+INVALID_REPLY_COST = 0.1
 MOVE = {
     "type": "function",
     "function": {
@@ -44,7 +48,8 @@ MOVE = {
 
 def play(base_url: str, api_key: str, task: Any) -> float:
     """Play the lake of ``task`` (a seed, or ``{"seed": N}``) through the chat API at ``base_url``;
-    return 1.0 when the agent reaches the goal, else 0.0."""
+    return 1.0 when the agent reaches the goal, else 0.0, less ``INVALID_REPLY_COST`` for each
+    reply that was not a move call."""
     seed = int(task["seed"] if isinstance(task, dict) else task)
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     env = envhub.make(ENV_ID)
@@ -53,10 +58,12 @@ def play(base_url: str, api_key: str, task: Any) -> float:
         {"role": "system", "content": f"{env.instructions}\nAct by calling the move tool."},
         {"role": "user", "content": board},
     ]
+    invalid = 0
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(model="agent", messages=messages, tools=[MOVE], max_tokens=MAX_TOKENS).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
+            invalid += 1
             messages.append({"role": "user", "content": "Call the move tool with one of: " + ", ".join(DIRECTIONS) + "."})
             continue
         call = reply.tool_calls[0]
@@ -64,8 +71,8 @@ def play(base_url: str, api_key: str, task: Any) -> float:
         board, reward, terminated, truncated, info = env.step(direction.capitalize())
         messages.append({"role": "tool", "tool_call_id": call.id, "content": board})
         if terminated or truncated:
-            return 1.0 if info.get("success") else 0.0
-    return 0.0
+            return (1.0 if info.get("success") else 0.0) - INVALID_REPLY_COST * invalid
+    return -INVALID_REPLY_COST * invalid
 
 
 if __name__ == "__main__":
