@@ -120,15 +120,16 @@ def test_load_agent_from_a_file_or_a_module(tmp_path):
 
 
 class ExpertMoves:
-    """A generator that plays a lake as its expert would: a reply of plain text first (the agent
-    must ask again), then one ``move`` call per expert step, each ending its turn."""
+    """A generator that plays a lake as its expert would: a reply of plain text first (after the
+    call's start, which the proxy writes for the agent's named ``tool_choice``, it is no call, and
+    the agent must ask again), then one ``move`` call's arguments per expert step, each ending its turn."""
 
     def __init__(self, tokenizer, moves):
         from envhub.chat import end_of_turn_ids
 
         self.tokenizer, self.turn_end = tokenizer, end_of_turn_ids(tokenizer)[:1]
         self.replies = ["Let me look at the board."] + [
-            '<tool_call>\n{"name": "move", "arguments": {"direction": "%s"}}\n</tool_call>' % move.lower() for move in moves
+            '{"direction": "%s"}}\n</tool_call>' % move.lower() for move in moves
         ]
 
     def generate(self, prompts, sampling):

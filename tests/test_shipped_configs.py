@@ -1,4 +1,4 @@
-"""Every config the repository ships (examples/*.yaml, bench/learning/*.yaml, bench/learning/format/*.yaml) loads as `envhub
+"""Every config the repository ships (examples/*.yaml, examples/agents/*.yaml, bench/learning/*.yaml, bench/learning/format/*.yaml) loads as `envhub
 train` and `bench/learning.py` load it: its fields, its warm start and its tiny-model mapping are
 valid (and its LoRA mapping), so a typo in a recipe fails here rather than minutes into a run."""
 
@@ -17,7 +17,7 @@ from envhub_trl.tiny import TinySpec  # noqa: E402
 from envhub_trl.run import load_config_file, split_warm_start  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("bench/learning/*.yaml"), *ROOT.glob("bench/learning/format/*.yaml")])
+CONFIGS = sorted([*ROOT.glob("examples/*.yaml"), *ROOT.glob("examples/agents/*.yaml"), *ROOT.glob("bench/learning/*.yaml"), *ROOT.glob("bench/learning/format/*.yaml")])
 
 
 def test_the_shipped_configs_are_found():

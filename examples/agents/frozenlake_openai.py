@@ -4,7 +4,8 @@ It is an ordinary tool-calling loop: a system prompt, the board as the user mess
 tool, the tool's result as a ``tool`` message, the whole history resent on every call. Pointed at
 envhub's proxy, every call it makes is recorded token-exactly and the game's outcome is its reward::
 
-    envhub train --agent examples/agents/frozenlake_openai.py:play --tasks examples/agents/seeds.jsonl --model tiny
+    envhub train --agent examples/agents/frozenlake_openai.py:play --tasks examples/agents/seeds.jsonl \
+        --eval-tasks examples/agents/held_out.jsonl --model tiny --config examples/agents/frozenlake_openai.yaml
 
 or, to collect its sessions against a model being served::
 
@@ -45,6 +46,12 @@ MOVE = {
     },
 }
 
+#: Every turn is a move, so the agent asks for one: with a named ``tool_choice`` the server
+#: writes the start of the call and the model writes its arguments (OpenAI's API, vLLM's and the
+#: proxy's alike). The tiny model's reply is then 17 tokens instead of 25, and in RL from a
+#: format-only start this agent learnt where the free-form one did not (docs/training.md).
+MOVE_CHOICE = {"type": "function", "function": {"name": "move"}}
+
 
 def play(base_url: str, api_key: str, task: Any) -> float:
     """Play the lake of ``task`` (a seed, or ``{"seed": N}``) through the chat API at ``base_url``;
@@ -60,7 +67,7 @@ def play(base_url: str, api_key: str, task: Any) -> float:
     ]
     invalid = 0
     for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(model="agent", messages=messages, tools=[MOVE], max_tokens=MAX_TOKENS).choices[0].message
+        reply = client.chat.completions.create(model="agent", messages=messages, tools=[MOVE], tool_choice=MOVE_CHOICE, max_tokens=MAX_TOKENS).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             invalid += 1
