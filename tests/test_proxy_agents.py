@@ -70,6 +70,26 @@ def test_sessions_of_a_task_form_a_group_through_the_stages(server):
         assert np.all(np.sign(advantage[model]) == expected)
 
 
+def test_a_batch_samples_the_same_whatever_order_its_calls_arrive_in(server):
+    """Sampler seeds are keyed by session id and call number, not drawn in arrival order: the same
+    batch played again through another proxy of the same seed (its sessions racing differently)
+    samples the same replies, and a batch of another name does not. A name is used once per proxy."""
+    tasks = [{"id": 0}, {"id": 1}]
+
+    def replies(running, batch: str) -> list[list[tuple[int, ...]]]:
+        played = play_agents(talker, tasks, 3, running, batch=batch)
+        return [[call.choices[0].token_ids for call in s.calls] for group in played.sessions for s in group]
+
+    first = replies(server, "same")
+    proxy = server.proxy
+    with ProxyServer(ChatProxy(proxy.generator, proxy.tokenizer, model="*", temperature=1.0, seed=0)) as again:
+        assert replies(again, "same") == first
+    assert replies(server, "other") != first
+    assert len({tuple(r) for r in first[:3]}) > 1  # members of a group sample apart
+    with pytest.raises(ValueError, match="'same' was played already"):
+        play_agents(talker, tasks, 3, server, batch="same")
+
+
 def test_an_agent_that_fails_ends_only_its_own_session(server):
     late: list[BaseException] = []
     release = threading.Event()

@@ -45,6 +45,14 @@ class AgentRollouts:
         self.tasks = list(tasks)
         self.deadline = deadline
         self._server: ProxyServer | None = None
+        self._names: dict[str, int] = {}
+
+    def _name(self, base: str) -> str:
+        """A batch's name: ``base`` (the step; a repeat gets ``.1``, ``.2``, ...). Sessions are named
+        by it and the proxy keys its sampler seeds by session, so every run of the config, a resumed
+        one too, samples the same replies at the same step."""
+        seen = self._names[base] = self._names.get(base, -1) + 1
+        return base if not seen else f"{base}.{seen}"
 
     def attach(self, trainer: EnvGRPOTrainer) -> AgentRollouts:
         """Check ``trainer``'s config fits an agent, and stop the proxy when its training ends.
@@ -72,7 +80,7 @@ class AgentRollouts:
         tasks = [self.tasks[int(seed) % len(self.tasks)] for seed in seeds[::group_size]]
         server = self.server(trainer)
         with trainer.generator_lock:
-            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline)
+            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline, batch=self._name(f"step{trainer.state.global_step}"))
         trajectories = batch.trajectories()
         for trajectory, seed in zip(trajectories, np.repeat(seeds[::group_size], group_size)):
             trajectory.seed = int(seed)
@@ -86,7 +94,8 @@ class AgentRollouts:
         proxy.temperature = 0.0 if greedy else trainer.args.temperature
         try:
             with trainer.generator_lock:
-                batch = play_agents(self.agent, list(tasks), 1, server, deadline=self.deadline)
+                batch = play_agents(self.agent, list(tasks), 1, server, deadline=self.deadline,
+                                    batch=self._name(f"eval{trainer.state.global_step}-{'greedy' if greedy else 'sampled'}"))
         finally:
             proxy.temperature = trainer.args.temperature
         rewards = [s.reward for group in batch.sessions for s in group]

@@ -89,7 +89,8 @@ def _reward_of(value: Any, session: Session) -> tuple[float | None, str | None]:
     return float(value), None
 
 
-def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: ProxyServer, *, deadline: float = 600.0) -> AgentBatch:
+def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: ProxyServer, *, deadline: float = 600.0,
+                batch: str | None = None) -> AgentBatch:
     """Run ``agent`` ``group_size`` times on each of ``tasks``, all at once, against ``server``.
 
     Args:
@@ -98,9 +99,18 @@ def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: Pro
         group_size: sessions per task.
         server: the running proxy, whose store records the sessions (they are taken out of it).
         deadline: seconds the whole batch may take; an agent still running then fails its session.
+        batch: names the batch in its session ids, ``agent-{batch}-g{group}-m{member}``. The proxy
+            keys its sampler seeds by session id, so a batch named the same way in another run
+            samples the same replies; a random name when None. A proxy plays each name once.
+
+    Raises:
+        ValueError: for a ``batch`` name this proxy has played already.
     """
     store = server.proxy.store
-    keys = [[f"agent-{uuid.uuid4().hex[:12]}-g{g}-m{m}" for m in range(group_size)] for g in range(len(tasks))]
+    batch = batch if batch is not None else uuid.uuid4().hex[:12]
+    keys = [[f"agent-{batch}-g{g}-m{m}" for m in range(group_size)] for g in range(len(tasks))]
+    if any(store.is_closed(key) for row in keys for key in row):
+        raise ValueError(f"the batch {batch!r} was played already on this proxy; name each batch once")
     results: dict[str, tuple[Any, BaseException | None]] = {}
 
     def run(key: str, task: Any) -> None:

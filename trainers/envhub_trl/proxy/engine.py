@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import hashlib
 import itertools
 import queue
 import threading
@@ -48,6 +49,13 @@ class PendingCall:
     tools: tuple[dict[str, Any], ...] | None
 
 
+def call_seed(root: int, session_id: str, number: int) -> int:
+    """The sampler seed of call ``number`` of session ``session_id`` under ``root``: a hash of all
+    three, so it is the same in every process whatever else the proxy serves meanwhile."""
+    digest = hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+    return int(np.random.SeedSequence([root & (2**63 - 1), int.from_bytes(digest, "little"), number]).generate_state(1, np.uint64)[0])
+
+
 def _context_of(generator: Any) -> int | None:
     """The longest sequence ``generator``'s model takes, where it says (``max_position_embeddings``)."""
     config = getattr(getattr(generator, "model", None), "config", None)
@@ -68,9 +76,10 @@ class ChatProxy:
             scores the sampled tokens at the run's temperature); an attribute, changed between
             batches (greedy evaluation sets 0).
         top_p: likewise for the nucleus mass.
-        seed: seeds the sampler seeds drawn for calls that give none: every choice is sampled from
-            a seed of its own (a generator that forks its random state per batch would otherwise
-            draw the same noise batch after batch).
+        seed: the root of the sampler seeds of calls that give none. Every choice is sampled from
+            a seed of its own, derived from this root, the session id and the call's number in its
+            session, so a session's replies do not depend on the order in which concurrent calls
+            arrive: the same sessions replay the same in every run (a random root when None).
         batch_wait_s: how long the generator waits for one more request before it starts a batch
             (each arrival restarts the wait): concurrent agents then share a batch.
         straggler_wait_s: the longer wait between arrivals while fewer requests are in than the
@@ -101,7 +110,7 @@ class ChatProxy:
         self.max_context = max_context or _context_of(generator)
         self.temperature = temperature
         self.top_p = top_p
-        self._seeds = np.random.default_rng(seed)
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         self.batch_wait_s = batch_wait_s
         self.straggler_wait_s = straggler_wait_s
         self.view = TemplateView(tokenizer)
@@ -256,11 +265,10 @@ class ChatProxy:
             budget = min(budget, room)
         temperature = request.temperature if self.temperature is None else self.temperature
         top_p = request.top_p if self.top_p is None else self.top_p
-        if request.seed is not None:
-            seeds = request_seeds(request.seed, request.n)
-        else:
-            with self._start_lock:
-                seeds = [int(s) for s in self._seeds.integers(0, 2**31 - 1, size=request.n)]
+        with self.store.lock():
+            number = session.begun
+            session.begun += 1
+        seeds = request_seeds(request.seed if request.seed is not None else call_seed(self.seed, session_id, number), request.n)
         # Model generators read the ids; a model-free one (a random tool caller) reads the request's
         # messages and tools, and writes its whole reply, less the prefilled start.
         shown = self.view.tools(request)

@@ -108,6 +108,8 @@ class Session:
         breaks: calls after the first that did not extend the call before them.
         error: why the session ended without a reward (the agent raised, hung, posted none).
         task: what the agent was asked to do, when the trainer started it.
+        begun: calls the proxy has started for this session (recorded or still generating); the
+            next call's number, which keys its sampler seed.
     """
 
     session_id: str
@@ -117,6 +119,7 @@ class Session:
     breaks: int = 0
     error: str | None = None
     task: Any = None
+    begun: int = 0
     #: ``reply_key`` -> the reply as sampled, for every choice returned in this session.
     replies: dict[str, str] = dataclasses.field(default_factory=dict)
 
