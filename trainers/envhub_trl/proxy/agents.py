@@ -66,12 +66,12 @@ class AgentBatch:
         calls = sum(len(s.calls) for s in flat)
         later = sum(max(len(s.calls) - 1, 0) for s in flat)
         choices = [choice for s in flat for call in s.calls for choice in call.choices]
-        share = (lambda count: count / len(choices)) if choices else (lambda count: 0.0)
+        replies = max(len(choices), 1)
         return {
             "agent/calls_per_session": calls / len(flat),
-            "agent/tool_call_rate": share(sum(bool(c.tool_calls) for c in choices)),
-            "agent/length_cut_rate": share(sum(c.finish_reason == "length" for c in choices)),
-            "agent/reply_tokens": share(sum(len(c.token_ids) for c in choices)),
+            "agent/tool_call_rate": sum(bool(c.tool_calls) for c in choices) / replies,
+            "agent/length_cut_rate": sum(c.finish_reason == "length" for c in choices) / replies,
+            "agent/reply_tokens": sum(len(c.token_ids) for c in choices) / replies,
             "agent/fold_break_rate": sum(s.breaks for s in flat) / later if later else 0.0,
             "agent/failed_sessions": sum(s.error is not None for s in flat) / len(flat),
             "agent/sessions_per_s": len(flat) / self.seconds if self.seconds > 0 else 0.0,
