@@ -178,7 +178,15 @@ def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
     tokenizer = server.proxy.tokenizer
     with ProxyServer(ChatProxy(ExpertMoves(tokenizer, moves), tokenizer, model="*")) as lake:
         batch = play_agents(play, [{"seed": 5}], 1, lake)
+    with ProxyServer(ChatProxy(ExpertMoves(tokenizer, moves), tokenizer, model="*")) as lake:
+        again = play_agents(play, [{"seed": 5}], 1, lake).sessions[0][0]
     session = batch.sessions[0][0]
+    # The same boards give the same state keys (GiGPO's anchors), though each tool result names
+    # its call by an id of its own.
+    ids = [[m.get("tool_call_id") for c in s.calls for m in c.new_messages if m["role"] == "tool"] for s in (session, again)]
+    assert ids[0] and set(ids[0]).isdisjoint(ids[1])
+    keys = [[t.state_key for t in session_trajectory(s).turns] for s in (session, again)]
+    assert keys[0] == keys[1] and len(set(keys[0])) == len(keys[0])
     assert session.reward == pytest.approx(0.9) and session.error is None  # won, less the cost of its text reply
     assert len(session.calls) == 1 + len(moves) and session.breaks == 0
     sample = session_trajectory(session).sample()

@@ -236,8 +236,20 @@ class SessionStore:
         return {"sessions": len(sessions), "calls": calls, "folded_calls": calls - breaks - sum(bool(s.calls) for s in sessions), "breaks": breaks}
 
 
-def _digest(messages: Sequence[dict[str, Any]]) -> str:
-    return hashlib.blake2b(json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode(), digest_size=12).hexdigest()
+def state_digest(messages: Sequence[dict[str, Any]]) -> str:
+    """A turn's state key: a digest of what the messages say, not of the ids that name them. A tool
+    result carries the ``tool_call_id`` of the call it answers, which is new on every call; with
+    it in the digest two sessions that reach the same board would never share a key, and GiGPO's
+    step-level groups would all be single turns past the first."""
+
+    def said(message: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in message.items() if k not in ("tool_call_id", "id", "tool_calls")}
+        if message.get("tool_calls"):
+            kept["tool_calls"] = [{k: v for k, v in call.items() if k != "id"} for call in message["tool_calls"]]
+        return kept
+
+    text = json.dumps([said(m) for m in messages], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int], reward: float, next_key: str) -> Turn:
@@ -253,7 +265,7 @@ def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int]
         env_reward=reward,
         action_is_valid=True,
         format_valid=True,
-        state_key=_digest(call.new_messages),
+        state_key=state_digest(call.new_messages),
         next_state_key=next_key,
         input_ids=list(input_ids),
         completion_ids=list(choice.token_ids),
@@ -267,8 +279,8 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
     before (layout ``trajectory``), else one step sample per choice (layout ``step``).
 
     The posted reward goes on the last turn (plus any step rewards on their calls' turns); a turn's
-    ``state_key`` is a digest of the messages it answered (GiGPO groups turns that answered the
-    same tool result or user message).
+    ``state_key`` is a digest of the messages it answered, less their ids (:func:`state_digest`:
+    GiGPO groups turns that answered the same tool result or user message).
 
     Raises:
         ValueError: if the session has no call.
@@ -281,7 +293,7 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
     turns = []
     for t, (call, _, choice) in enumerate(pairs):
         reward = session.step_rewards.get(call.index, 0.0) + ((session.reward or 0.0) if t == last else 0.0)
-        next_key = _digest(pairs[t + 1][0].new_messages) if t < last else "end"
+        next_key = state_digest(pairs[t + 1][0].new_messages) if t < last else "end"
         turns.append(_turn(t, call, choice, call.env_ids if chain else call.prompt_ids, reward, next_key))
     first = session.calls[0]
     return Trajectory(
