@@ -252,7 +252,7 @@ def state_digest(messages: Sequence[dict[str, Any]]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int], reward: float, next_key: str) -> Turn:
+def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int], reward: float, state_key: str, next_key: str) -> Turn:
     shown = "\n".join(str(m.get("content", "")) for m in call.new_messages)
     action = json.dumps([[c["function"]["name"], c["function"]["arguments"]] for c in choice.tool_calls]) if choice.tool_calls else None
     return Turn(
@@ -265,7 +265,7 @@ def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int]
         env_reward=reward,
         action_is_valid=True,
         format_valid=True,
-        state_key=state_digest(call.new_messages),
+        state_key=state_key,
         next_state_key=next_key,
         input_ids=list(input_ids),
         completion_ids=list(choice.token_ids),
@@ -290,11 +290,12 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
     chain = session.extended_chain()
     pairs = [(call, k, choice) for call in session.calls for k, choice in enumerate(call.choices)]
     last = len(pairs) - 1
+    keys = {call.index: state_digest(call.new_messages) for call in session.calls}  # once a call, not once a turn and again as the next turn's
     turns = []
     for t, (call, _, choice) in enumerate(pairs):
         reward = session.step_rewards.get(call.index, 0.0) + ((session.reward or 0.0) if t == last else 0.0)
-        next_key = state_digest(pairs[t + 1][0].new_messages) if t < last else "end"
-        turns.append(_turn(t, call, choice, call.env_ids if chain else call.prompt_ids, reward, next_key))
+        next_key = keys[pairs[t + 1][0].index] if t < last else "end"
+        turns.append(_turn(t, call, choice, call.env_ids if chain else call.prompt_ids, reward, keys[call.index], next_key))
     first = session.calls[0]
     return Trajectory(
         env_id=env_id,
