@@ -81,7 +81,6 @@ class Landscape:
         stop[:, goal] = True
         self.live = (~stop).double()  # mass on a hole or the goal leaves the walk
         self.goal = goal
-        self.visits = None
 
     def success(self, probs: torch.Tensor, per_map: bool = False) -> torch.Tensor:
         """Exact probability of reaching the goal within ``turns``, averaged over maps by weight.
@@ -102,9 +101,13 @@ class Landscape:
         return torch.nn.functional.one_hot(probs.argmax(-1), 4).double()
 
     def best_switch(self, probs: torch.Tensor) -> tuple[float, str]:
-        """The largest exact gain of changing one view's move of a deterministic ``probs`` (and which)."""
+        """The largest exact gain of changing one view's move of a deterministic ``probs``, and which change."""
+        gain, view, move = self._best_switch(probs)
+        return gain, f"{self.views[view]} -> {MOVES[move]}" if gain > 0 else "none"
+
+    def _best_switch(self, probs: torch.Tensor) -> tuple[float, int, int]:
         base = float(self.success(probs))
-        best, which = 0.0, "none"
+        best = (0.0, -1, -1)
         for v in range(len(self.views)):
             for a in range(4):
                 if probs[v, a] == 1.0:
@@ -113,21 +116,19 @@ class Landscape:
                 trial[v] = 0.0
                 trial[v, a] = 1.0
                 gain = float(self.success(trial)) - base
-                if gain > best:
-                    best, which = gain, f"{self.views[v]} -> {MOVES[a]}"
-        return best, which
+                if gain > best[0]:
+                    best = (gain, v, a)
+        return best
 
     def coordinate_ascent(self, probs: torch.Tensor) -> torch.Tensor:
         """Switch one view's move at a time while any switch gains (a deterministic local optimum)."""
         probs = probs.clone()
         while True:
-            gain, which = self.best_switch(probs)
+            gain, view, move = self._best_switch(probs)
             if gain <= 1e-12:
                 return probs
-            view, move = which.rsplit(" -> ", 1)
-            v = self.views.index(eval(view))  # noqa: S307 (our own tuple repr)
-            probs[v] = 0.0
-            probs[v, MOVES.index(move)] = 1.0
+            probs[view] = 0.0
+            probs[view, move] = 1.0
 
 
 def play(land: Landscape, probs: torch.Tensor, maps: np.ndarray, rng: np.random.Generator) -> list[tuple[int, int, int, int, float, int]]:
