@@ -122,7 +122,7 @@ class MLPPolicy(torch.nn.Module):
 class ModelPolicy(torch.nn.Module):
     """The run's tiny transformer: log-probabilities over its whole vocabulary after the run's prompt."""
 
-    def __init__(self, start: str, seed: int) -> None:
+    def __init__(self, start: str, seed: int, format_sentence: bool = True) -> None:
         super().__init__()
         config = yaml.safe_load(RUN_CONFIG.read_text())
         sys.path.insert(0, str(ROOT))
@@ -132,6 +132,9 @@ class ModelPolicy(torch.nn.Module):
         self.model.float().train()
         self.moves = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
         self.head, self.tail = self._template(config)
+        if not format_sentence:  # the system message without envhub's reply-format sentence
+            cut = self.head.index("\n\nReply with")
+            self.head = self.head[:cut] + self.head[self.head.index("<|im_end|>", cut) :]
         self.cache: dict[str, list[int]] = {}
 
     def _template(self, config: dict[str, Any]) -> tuple[str, str]:
@@ -325,10 +328,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0, help="the training episodes' sampling temperature (the loss reads the same tempered log-probabilities, as TRL's does)")
     parser.add_argument("--save", default=None, help="model: save the trained model to this folder")
+    parser.add_argument("--no-format-sentence", action="store_true", help="model: leave envhub's reply-format sentence out of the system message (the move is still sampled after a prefilled <answer>)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    policy = {"table": TablePolicy, "mlp": MLPPolicy}[args.policy]() if args.policy != "model" else ModelPolicy(args.start, args.seed)
+    policy = {"table": TablePolicy, "mlp": MLPPolicy}[args.policy]() if args.policy != "model" else ModelPolicy(args.start, args.seed, not args.no_format_sentence)
     if args.policy == "model" and args.start == "init":
         format_start(policy, args.format_steps)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
