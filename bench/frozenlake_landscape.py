@@ -240,7 +240,7 @@ def model_table(land: Landscape, folder: str) -> torch.Tensor:
         return policy.move_logits(policy(texts)).double().softmax(-1)
 
 
-def diagnose(land: Landscape, probs: torch.Tensor) -> dict[str, Any]:
+def scores(land: Landscape, probs: torch.Tensor) -> dict[str, Any]:
     """A policy's exact success, sampled and greedy; its first move; and its greedy policy's best single switch."""
     greedy = land.greedy(probs)
     gain, which = land.best_switch(greedy)
@@ -249,7 +249,6 @@ def diagnose(land: Landscape, probs: torch.Tensor) -> dict[str, Any]:
         "sampled": float(land.success(probs)), "greedy": float(land.success(greedy)),
         "first_move_probabilities": dict(zip(MOVES, map(float, first))), "first_move_entropy": float(-(first * first.clamp_min(1e-30).log()).sum()),
         "greedy_best_switch_gain": gain, "greedy_best_switch": which,
-        "coordinate_ascent_from_greedy": float(land.success(land.coordinate_ascent(greedy))),
     }
 
 
@@ -336,7 +335,8 @@ def main() -> None:
     started = time.perf_counter()
     land = Landscape(args.p, args.turns)
     if args.model:
-        figures = {"model": args.model, **diagnose(land, model_table(land, args.model))}
+        probs = model_table(land, args.model)
+        figures = {"model": args.model, **scores(land, probs), "coordinate_ascent_from_greedy": float(land.success(land.coordinate_ascent(land.greedy(probs))))}
         first = ", ".join(f"{m} {p:.2f}" for m, p in figures["first_move_probabilities"].items())
         print(f"{args.model}: exact success {figures['greedy']:.1%} greedy, {figures['sampled']:.1%} sampled; first move {first} "
               f"({figures['first_move_entropy']:.2f} nats); greedy's best single switch +{figures['greedy_best_switch_gain']:.1%} "
@@ -346,7 +346,8 @@ def main() -> None:
     uniform = torch.full((len(land.views), 4), 0.25, dtype=torch.float64)
     print(f"{len(land.weight)} maps, {len(land.views)} local views, {args.turns} turns; uniform policy {float(land.success(uniform)):.1%}")
 
-    agree, through_env = check_against_env(land, rule(land, ("Down", "Right", "Left", "Up")), range(500_000_000, 500_000_300))
+    down_right = rule(land, ("Down", "Right", "Left", "Up"))
+    agree, through_env = check_against_env(land, down_right, range(500_000_000, 500_000_300))
     print(f"check: the Down-then-Right rule through the env on 300 validation maps wins {through_env:.1%}; exact and env agree on {agree} of 300 maps")
 
     rules = {}
@@ -363,24 +364,19 @@ def main() -> None:
         table = torch.nn.functional.one_hot(torch.randint(0, 4, (len(land.views),), generator=generator), 4).double()
         stuck.append(round(float(land.success(land.coordinate_ascent(table))), 4))
     print(f"coordinate ascent from {args.random_tables} random deterministic tables ends at: {' '.join(f'{v:.1%}' for v in sorted(stuck))}")
-    down_right = rule(land, ("Down", "Right", "Left", "Up"))
     starts = [("uniform", torch.zeros(len(land.views), 4, dtype=torch.float64))]
     starts += [(f"Down-Right rule, logit gap {gap:g}", down_right * gap) for gap in (4.0, 8.0)]
     starts += [(f"random {i}", torch.randn(len(land.views), 4, generator=generator, dtype=torch.float64) * args.init_scale) for i in range(args.inits)]
     runs = []
     for name, logits in starts:
         probs, curve = climb(land, logits, args.steps, args.lr, args.entropy)
-        greedy = land.greedy(probs)
-        gain, which = land.best_switch(greedy)
         run = {
             "start": name, "start_success": float(land.success(logits.softmax(-1))), "curve": curve,
-            "sampled": float(land.success(probs)), "greedy": float(land.success(greedy)),
-            "min_max_move_probability": float(probs.max(-1).values.min()),
-            "greedy_best_switch_gain": gain, "greedy_best_switch": which,
+            "min_max_move_probability": float(probs.max(-1).values.min()), **scores(land, probs),
         }
         runs.append(run)
         print(f"climb from {name}: {run['start_success']:.1%} -> sampled {run['sampled']:.1%}, greedy {run['greedy']:.1%} "
-              f"(success every 100 steps: {' '.join(f'{v:.0%}' for v in curve[:6])} ...); greedy's best single switch +{gain:.2%}")
+              f"(success every 100 steps: {' '.join(f'{v:.0%}' for v in curve[:6])} ...); greedy's best single switch +{run['greedy_best_switch_gain']:.2%}")
 
     print(f"\nOne batch of {args.groups} maps x {args.group_size} plays: its step's cosine with the exact gradient (mean over {args.batches} batches), "
           "and the cosine of the mean step (bias), over the table / on the first square's view")
@@ -393,20 +389,11 @@ def main() -> None:
                   f"mean step {row['mean_step_cosine']:.2f} / {row['first_view_mean_step_cosine']:.2f}")
     print(f"\nSampled GiGPO on the table, {args.groups} maps x {args.group_size} plays a step, {args.sampled_steps} steps, lr {args.lr:g} cosine:")
     sampled = []
-    start = int(land.view_of[0, 0])
     for seed in range(args.sampled_seeds):
-        probs = sampled_climb(land, seed, args.sampled_steps, args.groups, args.group_size, args.lr, ESTIMATORS["gigpo"])
-        greedy = land.greedy(probs)
-        gain, which = land.best_switch(greedy)
-        first = probs[start]
-        row = {
-            "seed": seed, "sampled": float(land.success(probs)), "greedy": float(land.success(greedy)),
-            "first_move_probabilities": dict(zip(MOVES, map(float, first))), "first_move_entropy": float(-(first * first.log()).sum()),
-            "greedy_best_switch_gain": gain, "greedy_best_switch": which,
-        }
+        row = {"seed": seed, **scores(land, sampled_climb(land, seed, args.sampled_steps, args.groups, args.group_size, args.lr, ESTIMATORS["gigpo"]))}
         sampled.append(row)
         print(f"  seed {seed}: greedy {row['greedy']:.1%}, sampled {row['sampled']:.1%}; first move's entropy {row['first_move_entropy']:.2f} nats; "
-              f"greedy's best single switch +{gain:.1%} ({which})")
+              f"greedy's best single switch +{row['greedy_best_switch_gain']:.1%} ({row['greedy_best_switch']})")
     finals = [round(r["greedy"], 3) for r in runs]
     print("greedy success the climbs end at:", dict(sorted(collections.Counter(finals).items())))
     figures = {
