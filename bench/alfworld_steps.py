@@ -8,7 +8,7 @@ commands (the same random stream on both sides), with its expert computed as in 
 with ``expert="handcoded"`` asked for its action every turn, and, as a third row, envhub's default
 planner expert. Resets count: a step rate here is turns per second of whole episodes. Then it
 describes ``--stats`` generated tasks (types, planner plan lengths, scene sizes) beside the
-official split's task counts, and plays ``--experts`` tasks with each expert and ``--random``
+official split's task counts, and plays ``--experts`` tasks with each of ``--expert-kinds`` and ``--random``
 held-out tasks with random admissible commands.
 
     python bench/alfworld_steps.py [--episodes 4] [--rounds 3] [--turns 30]
@@ -126,11 +126,11 @@ def task_statistics(count: int) -> dict:
 
 
 def policy_success(count: int, first_seed: int, policy: str, turns: int = 50) -> dict:
-    """Success over ``count`` generated tasks from ``first_seed``: an expert (``planner`` or
-    ``handcoded``) played to the end, or ``random`` admissible commands (seeded stream)."""
-    from envhub_alfworld.env import ALFWorldEnv
+    """Success over ``count`` generated tasks from ``first_seed``: an expert (``planner``,
+    ``search`` or ``handcoded``) played to the end, or ``random`` admissible commands (seeded stream)."""
+    from envhub_alfworld.env import EXPERTS, ALFWorldEnv
 
-    env = ALFWorldEnv(expert="handcoded" if policy == "handcoded" else "planner")
+    env = ALFWorldEnv(expert=policy if policy in EXPERTS else "planner")
     env.max_turns = turns
     rng = np.random.default_rng(0)
     won: dict[str, list[int]] = {}
@@ -164,6 +164,7 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=12)
     parser.add_argument("--stats", type=int, default=100, help="generated tasks to describe (0: none)")
     parser.add_argument("--experts", type=int, default=100, help="generated tasks (seeds 0..) each expert plays to the end, 50 turns (0: none)")
+    parser.add_argument("--expert-kinds", nargs="+", default=["planner", "search", "handcoded"], help="the experts --experts plays")
     parser.add_argument("--random", type=int, default=40, help="held-out generated tasks (seeds 1e9..) of random admissible commands, 50 turns (0: none)")
     args = parser.parse_args()
     from envhub_alfworld.env import ALFWorldEnv
@@ -197,7 +198,7 @@ def main() -> None:
         for kind, row in stats["per_type"].items():
             print(f"  {kind:32s} {row['share']:6.1%} of tasks (official train split {row['official_train_share']:5.1%}), "
                   f"plans {row['plan_mean']:.2f} commands on average, {row['plan_max']} at most")
-    policies = [policy_success(args.experts, 0, name) for name in ("planner", "handcoded") if args.experts]
+    policies = [policy_success(args.experts, 0, name) for name in args.expert_kinds if args.experts]
     if args.random:
         policies.append(policy_success(args.random, 10**9, "random"))
     for row in policies:

@@ -118,6 +118,29 @@ def test_the_handcoded_expert_is_alfworlds_and_repeats_with_the_seed():
     assert runs[0] == runs[1] and runs[0][0] == "look"
 
 
+def test_the_search_expert_looks_for_what_the_planner_would_know_and_wins():
+    env = ALFWorldEnv(expert="search")
+    env.reset(seed=3)
+    assert env.plan()[:3] == ["go to cabinet 2", "open cabinet 2", "take pot 1 from cabinet 2"]
+    commands, seen = [], {}
+    for _ in range(50):
+        command = env.expert_action()
+        if command is None:
+            break
+        # Each command follows from what the prompt shows: the observation and the admissible commands.
+        shown = (env.render_text(), tuple(env.valid_actions()))
+        assert seen.setdefault(shown, command) == command
+        commands.append(command)
+        _, _, terminated, _, info = env.step(command)
+        assert info["action_is_valid"], command
+        if terminated:
+            break
+    assert env.is_success()
+    # The first receptacle listed, opened and found without the pot; then the next one, where it is.
+    assert commands == ["go to cabinet 1", "open cabinet 1", "go to cabinet 2", "open cabinet 2",
+                        "take pot 1 from cabinet 2", "go to stoveburner 2", "move pot 1 to stoveburner 2"]
+
+
 def test_unknown_arguments_are_one_line_errors():
     from envhub.error import AdapterError
 
@@ -125,7 +148,7 @@ def test_unknown_arguments_are_one_line_errors():
         ALFWorldEnv(source="web")
     with pytest.raises(AdapterError, match="task_types"):
         ALFWorldEnv(task_types=[7])
-    with pytest.raises(AdapterError, match="expert"):
+    with pytest.raises(AdapterError, match="expert must be one of handcoded, planner, search"):
         ALFWorldEnv(expert="oracle")
 
 
@@ -189,8 +212,9 @@ def test_envhub_check_passes_on_the_official_ids_over_an_official_layout_fixture
 
 
 @pytest.mark.slow
-def test_the_planner_expert_wins_every_one_of_24_generated_tasks():
-    env = envhub.make(GENERATED)
+@pytest.mark.parametrize("expert", ["planner", "search"])
+def test_the_planner_and_search_experts_win_every_one_of_24_generated_tasks(expert):
+    env = envhub.make(GENERATED, expert=expert)
     assert all(play_expert(env, seed) for seed in range(24))
 
 

@@ -16,6 +16,11 @@ name demangling (``apple 1``), so observations are ALFWorld's text.
   ``planner`` expert), or with ``expert="handcoded"`` ALFWorld's hand-coded TextWorld expert
   (``HandCodedTWAgent``, driven as its ``AlfredExpert`` wrapper drives it: told every command
   actually taken). The planner knows where every object is; the hand-coded expert looks for them.
+  ``expert="search"`` is the planner where the agent could know its step, and a search where it
+  could not: where the plan would fetch an object the agent has not seen, it goes through the
+  receptacles in the order the admissible commands list them, opening the closed ones. Each of
+  its commands follows from the current observation, admissible commands and task alone, so a
+  policy whose prompt holds no history can imitate it.
 - The reward is 1 when the task is done (ALFWorld's ``won``), which ends the episode.
 - ``state_key()`` is the task's name and a digest of the PDDL facts, so GiGPO's anchors repeat
   exactly when the world's state does.
@@ -45,7 +50,9 @@ INSTRUCTIONS = (
     "'use desklamp 1'). The episode ends when the task is done."
 )
 
-EXPERTS = ("handcoded", "planner")
+EXPERTS = ("handcoded", "planner", "search")
+
+_ARRIVED = re.compile(r"^You arrive at (.+?)\.")
 
 _TASK = re.compile(r"Your task is to: (.*)$", re.MULTILINE)
 
@@ -59,7 +66,9 @@ class ALFWorldEnv(TextEnv):
             ``"eval_out_of_distribution"`` (valid_unseen).
         task_types: ALFWorld's task type numbers to play (1-6, as in its configs).
         expert: ``"planner"`` (Fast Downward's plan from the current state, which knows where
-            every object is) or ``"handcoded"`` (ALFWorld's TextWorld expert, which searches).
+            every object is), ``"search"`` (the planner, searching the receptacles in turn for the
+            objects the agent has not seen) or ``"handcoded"`` (ALFWorld's TextWorld expert, which
+            searches and remembers what it saw).
         data_root: the folder holding ``json_2.1.1`` (default: ``$ALFWORLD_DATA``).
         task_reminder: end every observation after the first with the task's sentence ("Your task
             is to: ..."), as verl-agent's prompt carries it every turn; without it the task is only
@@ -125,6 +134,7 @@ class ALFWorldEnv(TextEnv):
         self._expert_rng = random.Random(0)
         self._next_expert: str | None = None
         self._plan: tuple[str, list[str]] | None = None  # (state key, plan) of the last replan
+        self._at: str | None = None  # the receptacle the agent last arrived at (None: the room's middle)
         self.task_name = ""
         self.task_type = ""
         self.pddl_problem = ""  # the game's PDDL problem
@@ -160,6 +170,7 @@ class ALFWorldEnv(TextEnv):
             self._game = None
             raise AdapterError(f"ALFWorld game {self.task_name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from None
         self._state = self._game.reset()
+        self._at = None
         self._expert_rng = random.Random(int(self.np_random.integers(2**31)))
         self._start_expert(traj_data)
         found = _TASK.search(self._state.feedback)
@@ -170,6 +181,9 @@ class ALFWorldEnv(TextEnv):
     def _step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         self._state, _, _ = self._game.step(action)
         self._follow_expert(action)
+        arrived = _ARRIVED.match(self._state.feedback or "")
+        if arrived:
+            self._at = arrived.group(1)
         won = bool(self._state.won)
         observation = self._state.feedback
         if self.task_reminder and self.task:
@@ -190,6 +204,8 @@ class ALFWorldEnv(TextEnv):
         if self.expert == "planner":
             plan = self.plan()
             return plan[0] if plan and plan[0] in self.valid_actions() else None
+        if self.expert == "search":
+            return self._search_action()
         return self._next_expert
 
     def plan(self) -> list[str]:
@@ -221,6 +237,25 @@ class ALFWorldEnv(TextEnv):
         if self._game is not None:
             self._game.close()
             self._game = None
+
+    # ------------------------------------------------------------------ the searching planner
+
+    def _search_action(self) -> str | None:
+        """The plan's first step, unless it goes to fetch something from a receptacle; then the
+        next step of the search: open the receptacle here if it is closed, else go to the one
+        after it in the admissible commands' order (the first one, from the room's middle)."""
+        plan, valid = self.plan(), self.valid_actions()
+        if not plan or plan[0] not in valid:
+            return None
+        if not _fetches(plan):
+            return plan[0]
+        if self._at is not None and f"open {self._at}" in valid:
+            return f"open {self._at}"
+        places = [a[len("go to "):] for a in valid if a.startswith("go to ")]
+        if self._at is None or not places:
+            return f"go to {places[0]}" if places else plan[0]
+        after = [place for place in places if place > self._at]
+        return f"go to {(after or places)[0]}"
 
     # ------------------------------------------------------------------ the hand-coded expert
 
@@ -259,6 +294,20 @@ class ALFWorldEnv(TextEnv):
         """The expert draws on the ``random`` module; point it at this episode's stream for the
         call, so the expert's choices repeat with the seed."""
         return _ModuleRandom(self._expert_rng)
+
+
+def _fetches(plan: list[str]) -> bool:
+    """Whether the plan starts by going to a receptacle to take or use an object there: a step
+    that only knowing where the object lies explains."""
+    if not plan[0].startswith("go to "):
+        return False
+    place = plan[0][len("go to "):]
+    for command in plan[1:]:
+        if command.startswith("go to "):
+            return False
+        if command.startswith("use ") or (command.startswith("take ") and command.endswith(f" from {place}")):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=1)
