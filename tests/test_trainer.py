@@ -7,6 +7,7 @@ and half with the expert, so returns differ within groups and the advantages are
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -422,6 +423,41 @@ def test_share_prompt_forward_trains_on_the_log_probs_of_one_forward_per_row(tin
     mask = inputs["completion_mask"].bool()
     torch.testing.assert_close(once[0][mask], whole[0][mask], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(once[1][mask], whole[1][mask], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    ["gigpo", pytest.param({"advantage_estimator": "ppo", "action_entropy_coef": 0.1, "share_prompt_forward": True}, marks=pytest.mark.slow)],
+    ids=["gigpo", "ppo-choices-shared"],
+)
+def test_max_forward_tokens_trains_on_the_gradient_of_one_pass(tiny, tmp_path, estimator):
+    """max_forward_tokens in a real run (step layout): the loss runs its micro-batch in chunks, logged,
+    and on the last batch its gradient is that of one forward and backward over the whole batch
+    (PPO's critic and the choices' entropies read hidden states: those chunks keep them too)."""
+    settings = {"advantage_estimator": "gigpo"} if estimator == "gigpo" else estimator
+    config = _config(
+        tmp_path, max_forward_tokens=256, gradient_checkpointing=False, sample_layout="step", history_turns=1, max_turns=5,
+        format_penalty=-0.1, **settings,
+    )
+    trainer, before, batches = spied_run(tiny, config)
+    assert trainer.state.global_step == 2
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    chunks = [entry["perf/loss_forward_chunks"] for entry in trainer.state.log_history if "perf/loss_forward_chunks" in entry]
+    assert chunks and all(value > 1.0 for value in chunks)
+    inputs = batches[-1]["output"]
+    trainer.model.train()
+    grads = {}
+    for chunked in (False, True):
+        trainer.model.zero_grad()
+        if trainer.value_head is not None:
+            trainer.value_head.zero_grad()
+        with trainer.loss_in_chunks(trainer.model) if chunked else contextlib.nullcontext():
+            trainer.compute_loss(trainer.model, inputs).backward()
+        params = [*trainer.model.named_parameters(), *(trainer.value_head.named_parameters() if trainer.value_head is not None else [])]
+        grads[chunked] = {name: p.grad.clone() for name, p in params if p.grad is not None}
+    assert grads[True].keys() == grads[False].keys() and len(grads[True]) > 0
+    for name, grad in grads[False].items():
+        torch.testing.assert_close(grads[True][name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow

@@ -295,6 +295,17 @@ class EnvGRPOConfig(GRPOConfig):
             "ratio per turn, the geometric mean of its token ratios, clipped per turn (GSPO's sequence ratio, turn by turn)."
         },
     )
+    max_forward_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "At most this many tokens (rows x padded width) in one forward pass of the model: the scoring passes run "
+            "in chunks of rows that fit, and the loss runs its chunks without gradients, then each again with them, "
+            "back-propagating what the loss sent its outputs (GradCache; envhub_trl.chunked_loss). The same gradient and "
+            "metrics as one pass over the micro-batch, for one more forward pass; bounds the memory of a step-layout "
+            "micro-batch, whose rows grow with the episodes' turns. Like verl's ppo_max_token_len_per_gpu, without "
+            "changing the loss's normalisation. None: one pass per micro-batch (TRL's behaviour)."
+        },
+    )
     share_prompt_forward: bool = field(
         default=False,
         metadata={

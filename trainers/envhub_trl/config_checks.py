@@ -50,6 +50,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "gradient_accumulation_steps": AT_LEAST_ONE,
     "generation_batch_size": AT_LEAST_ONE,
     "steps_per_generation": AT_LEAST_ONE,
+    "max_forward_tokens": AT_LEAST_ONE,
     # Generation
     "max_turn_tokens": AT_LEAST_ONE,
     "max_completion_length": AT_LEAST_ONE,
@@ -182,6 +183,8 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):
         raise ValueError("ratio_type='segment' makes its own per-turn ratio: leave importance_sampling_level at 'token' and use_liger_kernel off")
+    if c.max_forward_tokens is not None and c.use_liger_kernel:
+        raise ValueError("max_forward_tokens chunks the loss's log-probs, which use_liger_kernel's fused loss does not compute: use one of them")
     if c.share_prompt_forward and (c.gradient_checkpointing or c.use_liger_kernel):
         raise ValueError(
             "share_prompt_forward scores the rows in two passes, so it does not combine with gradient_checkpointing (on by "

@@ -117,6 +117,8 @@ class EnvGRPOTrainer(TRLBridge):
             )
         if args.share_prompt_forward and self.accelerator.num_processes > 1:
             raise ValueError("share_prompt_forward runs the model twice before each backward pass, which DDP does not allow: use it on one process")
+        if args.max_forward_tokens is not None and self.accelerator.num_processes > 1:
+            raise ValueError("max_forward_tokens runs a backward pass per chunk, each of which DDP would reduce: use it on one process")
         #: What a checkpoint keeps of ``envhub train``'s run (:func:`envhub_trl.run_state.save` writes it;
         #: :class:`envhub_trl.run.TrainingRun` sets it); None for a trainer used from Python.
         self.run_record: dict[str, Any] | None = None
@@ -343,6 +345,10 @@ class EnvGRPOTrainer(TRLBridge):
         self.log_metrics(mode, staleness_metrics([staleness] * len(output["completion_ids"]), self.args.max_staleness))
 
     # ------------------------------------------------------------------ loss
+
+    def loss_reads_hidden_states(self) -> bool:
+        """PPO's critic and the choices' entropy bonus read the final hidden states in the loss."""
+        return self.value_head is not None or bool(self.args.action_entropy_coef)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn

@@ -16,6 +16,8 @@ alone. What it reaches:
   completions log (:meth:`TRLBridge.log_metrics`, :meth:`TRLBridge.log_row_advantages`).
 - ``GRPOTrainer._step`` and ``_buffered_inputs``: the micro-step counter and the generation batch
   being trained, which a resumed run restores (:attr:`TRLBridge.micro_step`, :func:`buffered_inputs`...).
+- ``GRPOTrainer._current_train_step_time``: TRL's timing of an optimizer step, to which the loss's
+  chunked backward (``max_forward_tokens``), run after TRL's ``training_step``, is added.
 - ``Trainer._save_checkpoint``, ``_save``, ``_load_from_checkpoint`` and ``_get_output_dir``:
   where a checkpoint is written and read, so that envhub's files go with it (the trainer's
   :meth:`~TRLBridge.on_checkpoint`, :meth:`~TRLBridge.on_save`, :meth:`~TRLBridge.on_load`), and
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,8 @@ from transformers.trainer_utils import TrainOutput, rotate_checkpoints
 from trl import GRPOTrainer
 
 from envhub_trl import run_files, run_state
-from envhub_trl.critic import ValueHead, captured_hidden_states, read_values, value_positions
+from envhub_trl.chunked_loss import ChunkedLoss
+from envhub_trl.critic import ValueHead, captured_hidden_states, final_norm, read_values, value_positions
 from envhub_trl.lora import is_peft_model
 from envhub_trl.pipeline import GenerationBatch
 from envhub_trl.shared_prompts import shared_prompt_logps
@@ -115,6 +119,7 @@ class TRLBridge(GRPOTrainer):
     _loss_inputs: dict[str, Any] | None = None  # the micro-batch under the loss, with ratio_type="segment"
     _prompt_pass_width: int | None = None  # the last scoring's shared prompt pass's width (share_prompt_forward), else None
     _reference: Any | None = None  # the frozen reference copy REINFORCE++ reads (see reference_logps)
+    _chunked: ChunkedLoss | None = None  # within a training step with max_forward_tokens, the loss's chunks
 
     # ------------------------------------------------------------------ generation
 
@@ -283,24 +288,77 @@ class TRLBridge(GRPOTrainer):
     def _scored(self, model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, batch_size: int | None = None, compute_entropy: bool = False, **kwargs: Any) -> Any:
         """TRL's ``_get_per_token_logps_and_entropies``; with ``share_prompt_forward`` (text rows, no
         MoE aux loss) each chunk of ``batch_size`` rows runs each distinct prompt once
-        (:func:`~envhub_trl.shared_prompts.shared_prompt_logps`)."""
+        (:func:`~envhub_trl.shared_prompts.shared_prompt_logps`). With ``max_forward_tokens`` a chunk
+        holds at most that many tokens, and inside a training step's loss the chunks run without
+        gradients, their backward deferred to the end of the step (:mod:`envhub_trl.chunked_loss`)."""
         beyond_text = any(value is not None and value is not False for value in kwargs.values())  # images, an MoE aux loss
-        if not self.args.share_prompt_forward or beyond_text or input_ids.shape[1] - logits_to_keep < 2:
+        shared = self.args.share_prompt_forward and not beyond_text and input_ids.shape[1] - logits_to_keep >= 2
+        chunked = self._chunked if torch.is_grad_enabled() and not beyond_text else None
+        if self.args.max_forward_tokens is not None:
+            batch_size = max(1, min(batch_size or input_ids.size(0), self.args.max_forward_tokens // input_ids.shape[1]))
+        if not shared and chunked is None:
             self._prompt_pass_width = None
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs)
-        self._prompt_pass_width = input_ids.shape[1] - logits_to_keep - 1
+        self._prompt_pass_width = input_ids.shape[1] - logits_to_keep - 1 if shared else None
+        parent = super()._get_per_token_logps_and_entropies
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+            with self.accelerator.autocast():
+                if shared:
+                    return shared_prompt_logps(model, ids, mask, logits_to_keep, compute_entropy)
+                logps, entropies, _ = parent(model, ids, mask, logits_to_keep, None, compute_entropy)
+                return logps, entropies, 0
+
         batch_size = batch_size or input_ids.size(0)
         logps, entropies, prompts = [], [], 0
         for start in range(0, input_ids.size(0), batch_size):
-            with self.accelerator.autocast():
-                chunk, entropy, distinct = shared_prompt_logps(
-                    model, input_ids[start : start + batch_size], attention_mask[start : start + batch_size], logits_to_keep, compute_entropy
-                )
+            rows = (input_ids[start : start + batch_size], attention_mask[start : start + batch_size])
+            chunk, entropy, distinct = forward(*rows) if chunked is None else chunked.forward(forward, *rows)
             logps.append(chunk)
             entropies.append(entropy)
             prompts += distinct
-        self.log_metrics("train" if self.model.training else "eval", {"perf/rows_per_prompt_forward": input_ids.size(0) / max(prompts, 1)})
+        mode = "train" if self.model.training else "eval"
+        if shared:
+            self.log_metrics(mode, {"perf/rows_per_prompt_forward": input_ids.size(0) / max(prompts, 1)})
+        if chunked is not None:
+            self.log_metrics(mode, {"perf/loss_forward_chunks": float(len(logps))})
         return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+    def loss_reads_hidden_states(self) -> bool:
+        """Whether the loss reads the final hidden states besides the log-probs (a subclass's critic)."""
+        return False
+
+    @contextlib.contextmanager
+    def loss_in_chunks(self, model: Any) -> Iterator[None]:
+        """Within the block, the loss's forward passes run in chunks without gradients
+        (:meth:`_scored`); when the block ends (after the loss's backward), each chunk runs its own
+        backward (:class:`~envhub_trl.chunked_loss.ChunkedLoss`)."""
+        self._chunked = ChunkedLoss(final_norm(model) if self.loss_reads_hidden_states() else None)
+        try:
+            yield
+            started = time.perf_counter()
+            self._chunked.backward()
+            self._add_step_time(time.perf_counter() - started)
+        finally:
+            self._chunked = None
+
+    def _add_step_time(self, seconds: float) -> None:
+        """Count ``seconds`` spent after TRL's training step (the chunks' backward) in TRL's
+        ``step_time``: on the step it logged if the micro-step just ended an optimizer step, else
+        on the one being timed."""
+        logged = self._metrics["train"]["step_time"]
+        if logged and self._step % self.current_gradient_accumulation_steps == 0:
+            logged[-1] += seconds
+        else:
+            self._current_train_step_time += seconds
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's training step; with ``max_forward_tokens``, the loss's chunks' backward after the
+        loss's own, before the optimizer steps."""
+        if self.args.max_forward_tokens is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        with self.loss_in_chunks(model):
+            return super().training_step(model, inputs, num_items_in_batch)
 
     def sequence_states(self, hidden: list[torch.Tensor]) -> torch.Tensor:
         """The final hidden states :func:`~envhub_trl.critic.captured_hidden_states` captured over
