@@ -254,3 +254,25 @@ def test_envhub_serve_plays_the_episode_envhub_run_plays():
                 result = client.step({"text": f"<answer>{turn['action']}</answer>"})
                 assert result.observation["text"] == turn["observation"]
             assert result.done is True and client.state()["success"] is True
+
+
+def test_bench_alfworld_replies_counts_a_run_against_the_search_expert(tmp_path):
+    """bench/alfworld_replies.py on the search expert's own episode, with two invalid repeats put
+    first: every other command agrees, the repeat is counted, and the first disagreement is them."""
+    played = subprocess.run(
+        [ENVHUB, "run", GENERATED, "--policy", "expert", "--seed", "3", "--env-kwarg", "expert=search", "--json"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    record = json.loads(played.stdout.splitlines()[0])
+    assert record["success"]
+    refused = {"observation": "", "action": "go to cabinet 99", "reward": 0.0, "info": {"action_is_valid": False}}
+    record["transcript"][1:1] = [refused, refused]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps(record) + "\n")
+    script = Path(__file__).parents[1] / "bench" / "alfworld_replies.py"
+    subprocess.run([sys.executable, str(script), str(runs), "--results", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=300, check=True)
+    out = json.loads((tmp_path / "out.json").read_text())
+    commands = len(record["transcript"]) - 1
+    assert (out["episodes"], out["won"], out["commands"], out["invalid"], out["invalid_repeating_the_previous"]) == (1, 1, commands, 2, 1)
+    assert sum(kind["of"] - kind["same"] for kind in out["agreement"].values()) == 2
+    assert out["first_disagreements"][0]["model"] == "go to cabinet 99"
