@@ -3,7 +3,8 @@
 A micro-batch's forward and backward hold every row's activations at once. In the step layout
 (``sample_layout: step``) a micro-batch is every turn of ``per_device_train_batch_size`` episodes,
 so its rows grow with the episodes' length, and its memory with them: on ALFWorld's CPU recipe
-(4-layer tiny model, episodes of up to 40 turns) one RL step took 23 GB, all of it in the loss.
+(4-layer tiny model, episodes of up to 40 turns) one RL step took 22.2 GB, most of it in the loss;
+in passes of 16,384 tokens, 7.4 GB (docs/training.md).
 
 With ``max_forward_tokens`` the loss runs the way GradCache (Gao et al., 2021) runs a contrastive
 loss over a batch too large for one pass:
