@@ -426,15 +426,17 @@ def test_share_prompt_forward_trains_on_the_log_probs_of_one_forward_per_row(tin
 
 
 @pytest.mark.parametrize(
-    "estimator",
-    ["gigpo", pytest.param({"advantage_estimator": "ppo", "action_entropy_coef": 0.1, "share_prompt_forward": True}, marks=pytest.mark.slow)],
+    "settings",
+    [
+        {"advantage_estimator": "gigpo"},
+        pytest.param({"advantage_estimator": "ppo", "action_entropy_coef": 0.1, "share_prompt_forward": True}, marks=pytest.mark.slow),
+    ],
     ids=["gigpo", "ppo-choices-shared"],
 )
-def test_max_forward_tokens_trains_on_the_gradient_of_one_pass(tiny, tmp_path, estimator):
+def test_max_forward_tokens_trains_on_the_gradient_of_one_pass(tiny, tmp_path, settings):
     """max_forward_tokens in a real run (step layout): the loss runs its micro-batch in chunks, logged,
     and on the last batch its gradient is that of one forward and backward over the whole batch
     (PPO's critic and the choices' entropies read hidden states: those chunks keep them too)."""
-    settings = {"advantage_estimator": "gigpo"} if estimator == "gigpo" else estimator
     config = _config(
         tmp_path, max_forward_tokens=256, gradient_checkpointing=False, sample_layout="step", history_turns=1, max_turns=5,
         format_penalty=-0.1, **settings,
