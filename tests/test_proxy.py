@@ -241,6 +241,64 @@ def test_the_callers_a_batch_answered_share_the_next_batch_though_they_call_back
             assert generator.sizes[0] == 6 and len(generator.sizes) > 3
 
 
+def test_a_split_batch_joins_again_when_its_other_half_calls_back(tiny):
+    """The callers a batch answered are counted by session: the other half's requests, queued
+    while the batch ran, do not stand in for them, so the two halves share the next batch instead
+    of taking turns (agents in two processes split so at their first calls)."""
+    import time
+
+    from envhub.generation import Prompt, SamplingParams
+
+    def call(proxy, sessions, gap=0.0):
+        futures = []
+        for session in sessions:
+            futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), session))
+            time.sleep(gap)
+        for future in futures:
+            future.result(timeout=30)
+
+    generator = _Batches(seconds=1.0)
+    proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=0.2)
+    half = threading.Timer(0.3, call, args=(proxy, ["b1", "b2", "b3", "b4"]))
+    half.start()  # the other half calls while the first half's batch runs
+    call(proxy, ["a1", "a2", "a3", "a4"])
+    call(proxy, ["a1", "a2", "a3", "a4"], gap=0.03)  # called back 30 ms apart, over batch_wait_s
+    half.join()
+    assert generator.sizes == [4, 8]
+
+
+def test_the_first_calls_of_sessions_started_together_share_a_batch(tiny):
+    """Agents started together (``SessionStore.expect``: ``play_agents`` says so) have their first
+    calls waited for as a batch's callers are, though they come in further apart than
+    batch_wait_s; without it they split. A session that ends before its first call is not waited for."""
+    import time
+
+    from envhub.generation import Prompt, SamplingParams
+
+    def call(proxy, sessions, gap):
+        futures = []
+        for session in sessions:
+            futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), session))
+            time.sleep(gap)
+        for future in futures:
+            future.result(timeout=30)
+
+    for expect, expected in ((True, [1, 4]), (False, None)):
+        generator = _Batches(seconds=0.5)
+        proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=0.2)
+        call(proxy, ["warm-up"], 0.0)
+        proxy.store.close("warm-up")
+        if expect:
+            proxy.store.expect(["a", "b", "c", "d", "never"])
+            proxy.store.close("never")  # its agent failed before calling
+            assert sorted(proxy.store.first_calls_due()) == ["a", "b", "c", "d"]
+        call(proxy, ["a", "b", "c", "d"], 0.03)
+        if expected is not None:
+            assert generator.sizes == expected and proxy.store.first_calls_due() == []
+        else:
+            assert len(generator.sizes) > 2
+
+
 @pytest.mark.parametrize("ending", ["reward", "close"])
 def test_the_worker_does_not_wait_for_the_callers_of_sessions_that_ended(tiny, ending):
     """After a batch, the worker waits up to that batch's time for the sessions it answered; a

@@ -12,6 +12,7 @@ so concurrent agents share batches as envhub's own continuous rollout does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -82,9 +83,8 @@ class ChatProxy:
             arrive: the same sessions replay the same in every run (a random root when None).
         batch_wait_s: how long the generator waits for one more request before it starts a batch
             (each arrival restarts the wait): concurrent agents then share a batch.
-        straggler_wait_s: the longer wait between arrivals while fewer requests are in than the
-            last batch answered in sessions that have not ended (at most that batch's own time in
-            all): see :meth:`_gather`.
+        straggler_wait_s: the longer wait between arrivals while callers the last batch answered
+            (in sessions that have not ended) have not called again: see :meth:`_gather`.
     """
 
     def __init__(
@@ -162,24 +162,30 @@ class ChatProxy:
         takes what is queued without waiting for a first. After a batch that answered ``answered``
         callers, it takes what came in meanwhile, then waits for those callers: the first within
         the batch's own time ``took`` (their responses are being written), each next within
-        ``straggler_wait_s``, until as many requests are in as the batch answered. They call back
+        ``straggler_wait_s``, until each of them has called again, however long that takes in
+        all (on the tiny model, 64 agents' client work between two batches took longer than the
+        batch, and a batch started without the last few costs a whole batch more). They call back
         at about the same time, but further apart than ``batch_wait_s`` under load; started
         without them, a batch on a small model costs about as much as a whole one, their own batch
         follows it, and the sessions settle into two halves that take turns (`bench/proxy.py`
-        logged batches of 31 and 33, and of 41 and 23, for 64 sessions). A caller whose session
-        has ended (its agent returned, its reward was posted) is not waited for: the store wakes
-        the worker when a session ends, and the count is taken again.
+        logged batches of 31 and 33, and of 41 and 23, for 64 sessions). The callers are counted
+        by session, not by number: requests of other sessions that came in meanwhile (the other
+        half of a batch that split) do not stand in for them, so a split batch joins again. The
+        first calls of sessions the store expects (:meth:`SessionStore.expect`: agents started
+        together) are waited for the same way, so the agents' first batch is whole though their
+        calls come in spread out. A caller whose session has ended (its agent returned, its reward
+        was posted) is not waited for: the store wakes the worker when a session ends, and the
+        callers are counted again.
         """
         queued, gathered, fresh, deadline = self._requests.qsize(), 0, 0, time.perf_counter() + took
-        expected = self._live(answered)
+        awaited = self._live(collections.Counter(answered)) + collections.Counter(self.store.first_calls_due())
         while True:
             if gathered == 0 and not queued:
                 wait: float | None = 0.0 if waiting else None
             elif gathered < queued:  # those that came in during the batch
                 wait = 0.0
-            elif gathered < expected:  # the batch's callers: the first within its time, then each within straggler_wait_s
-                left = deadline - time.perf_counter()
-                wait = max(self.batch_wait_s, left if not fresh else min(self.straggler_wait_s, left))
+            elif awaited:  # the batch's callers: the first within its time, then each within straggler_wait_s
+                wait = max(self.batch_wait_s, deadline - time.perf_counter() if not fresh else self.straggler_wait_s)
             else:
                 wait = self.batch_wait_s or 0.0
             try:
@@ -192,20 +198,26 @@ class ChatProxy:
             if item is _WAKE:  # a session ended: count the callers again
                 if gathered < queued:
                     queued -= 1
-                expected = self._live(answered)
+                awaited = self._live(awaited)
                 continue
             prompt, sampling, future, session_id = item
+            self.store.arrived(session_id)
             if gathered == 0 and not queued:  # the first after an idle wait: the callers' time starts now
                 deadline = time.perf_counter() + took
+                awaited |= collections.Counter(self.store.first_calls_due())  # agents started while it waited
+            if awaited[session_id] == 1:
+                del awaited[session_id]
+            elif awaited[session_id]:
+                awaited[session_id] -= 1
             fresh += gathered >= queued
             gathered += 1
             key = next(self._keys)
             waiting[key] = (future, session_id)
             stream.submit(key, prompt, sampling)
 
-    def _live(self, sessions: list[str | None]) -> int:
-        """How many of ``sessions`` (None: a call with no session) have not ended."""
-        return sum(1 for session_id in sessions if session_id is None or not self.store.has_ended(session_id))
+    def _live(self, callers: collections.Counter[str | None]) -> collections.Counter[str | None]:
+        """``callers`` (calls by session; None: calls with no session) less those whose session has ended."""
+        return collections.Counter({s: n for s, n in callers.items() if n > 0 and (s is None or not self.store.has_ended(s))})
 
     def _submit(self, prompt: Prompt, sampling: SamplingParams, session_id: str | None = None) -> concurrent.futures.Future[Completion]:
         self._ensure_worker()

@@ -157,6 +157,7 @@ class SessionStore:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._closed: set[str] = set()
+        self._expected: set[str] = set()  # sessions started whose first call has not come (expect)
         self._lock = threading.Lock()
         self._on_end: list[Callable[[str], None]] = []
 
@@ -175,6 +176,24 @@ class SessionStore:
                 return
             self._closed.add(session_id)
         self._ended(session_id)
+
+    def expect(self, session_ids: Iterable[str]) -> None:
+        """Say that the agents of ``session_ids`` have started: the proxy's worker waits for their
+        first calls as it waits for the callers a batch answered (:meth:`ChatProxy._gather`), so
+        agents started together share their first batch though their calls come in spread out."""
+        with self._lock:
+            self._expected.update(s for s in session_ids if s not in self._sessions and s not in self._closed)
+
+    def arrived(self, session_id: str | None) -> None:
+        """``session_id``'s call has reached the generator: its first call is no longer due."""
+        with self._lock:
+            self._expected.discard(session_id)
+
+    def first_calls_due(self) -> list[str]:
+        """The sessions :meth:`expect` named that have made no call and have not ended."""
+        with self._lock:
+            self._expected = {s for s in self._expected if s not in self._sessions and s not in self._closed}
+            return list(self._expected)
 
     def is_closed(self, session_id: str) -> bool:
         """Whether ``session_id`` was closed."""
