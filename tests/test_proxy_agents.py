@@ -15,6 +15,7 @@ import pytest
 from envhub_trl import pipeline
 from envhub_trl.generators import HFGenerator
 from envhub_trl.proxy import ChatProxy, ProxyServer, session_trajectory
+from envhub_trl.proxy.agent_processes import AgentProcesses
 from envhub_trl.proxy.agents import load_agent, play_agents
 from envhub_trl.tiny import build_tiny
 
@@ -127,6 +128,58 @@ def test_an_agent_that_fails_ends_only_its_own_session(server):
         if thread.name.endswith("-m1"):
             thread.join(10)
     assert len(late) == 1 and late[0].status_code == 409
+
+
+def test_agents_in_worker_processes_sample_what_threads_sample(server):
+    """``agent_processes``: the sessions run in spawned workers that load the agent from its
+    reference, and they are the sessions threads play (the sampler seeds are the session's)."""
+    tasks = [{"id": 0}, {"id": 1, "trim": True}]
+    agent = load_agent(f"{__file__}:talker")
+
+    def replies(played):
+        return [[call.choices[0].token_ids for call in s.calls] for group in played.sessions for s in group]
+
+    threads = play_agents(agent, tasks, 3, server, batch="workers")
+    proxy = server.proxy
+    with ProxyServer(ChatProxy(proxy.generator, proxy.tokenizer, model="*", temperature=1.0, seed=0)) as again, AgentProcesses(agent, 2) as workers:
+        processes = play_agents(agent, tasks, 3, again, batch="workers", processes=workers)
+        assert replies(processes) == replies(threads) and len(replies(threads)[0]) == 3
+        assert [s.reward for g in processes.sessions for s in g] == [s.reward for g in threads.sessions for s in g]
+        assert [s.breaks for g in processes.sessions for s in g] == [0, 0, 0, 1, 1, 1]
+        workers_pids = {worker[0].pid for worker in workers._workers}
+        play_agents(agent, tasks, 3, again, processes=workers)
+        assert {worker[0].pid for worker in workers._workers} == workers_pids  # a worker outlives its batch
+    with pytest.raises(ValueError, match="agent_processes runs the agent in worker processes"):
+        AgentProcesses(lambda base_url, api_key, task: 1.0, 2)
+
+
+def test_an_agent_in_a_worker_process_that_fails_ends_only_its_own_session(server, tmp_path):
+    """Raised, hung past the deadline (its worker is ended, a thread could not be), a return value
+    that is no number, a worker that exits: each fails its own sessions, and the next batch plays."""
+    path = tmp_path / "failing.py"
+    path.write_text(
+        "import os, time\nimport openai\n\n"
+        "def play(base_url, api_key, task):\n"
+        "    if task == 'raise':\n        raise RuntimeError(\"the agent's tool crashed\")\n"
+        "    if task == 'hang':\n        time.sleep(120)\n"
+        "    if task == 'object':\n        return {'reward': 1}\n"
+        "    if task == 'exit':\n        os._exit(3)\n"
+        "    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)\n"
+        "    client.chat.completions.create(model='any', messages=[{'role': 'user', 'content': 'Hi.'}], max_tokens=3)\n"
+        "    return 1.0\n"
+    )
+    agent = load_agent(f"{path}:play")
+    with AgentProcesses(agent, 2) as workers:
+        batch = play_agents(agent, ["talk", "raise", "hang", "object"], 1, server, deadline=8.0, processes=workers)
+        talk, crashed, hung, odd = (group[0] for group in batch.sessions)
+        assert talk.error is None and talk.reward == 1.0 and len(talk.calls) == 1
+        assert crashed.error == "the agent raised RuntimeError: the agent's tool crashed"
+        assert "deadline of 8 s" in hung.error and workers._workers[0] is None  # "talk" and "hang" went to worker 0
+        assert odd.error == "the agent's reward is not a finite number: {'reward': 1}"
+        batch = play_agents(agent, ["exit", "talk"], 1, server, processes=workers)
+        assert batch.sessions[0][0].error == "the agent's worker process exited (exit code 3)"
+        assert batch.sessions[1][0].error is None
+        assert all(group[0].reward == 1.0 for group in play_agents(agent, ["talk", "talk"], 1, server, processes=workers).sessions)
 
 
 def test_load_agent_from_a_file_or_a_module(tmp_path):

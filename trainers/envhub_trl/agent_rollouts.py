@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 
 from envhub.trajectory import Trajectory
 from envhub_trl.proxy import ChatProxy, ProxyServer
+from envhub_trl.proxy.agent_processes import AgentProcesses
 from envhub_trl.proxy.agents import Agent, AgentBatch, play_agents
 
 if TYPE_CHECKING:
@@ -33,17 +34,20 @@ class AgentRollouts:
         agent: ``agent(base_url, api_key, task) -> reward``.
         tasks: the training tasks; the dataset's row ``i`` is ``tasks[i]``.
         deadline: seconds one batch's sessions may take.
+        processes: run the sessions in this many worker processes (:class:`AgentProcesses`); 0:
+            threads of the trainer's process.
 
     Raises:
-        ValueError: for no tasks.
+        ValueError: for no tasks, or ``processes`` with an agent a worker process cannot load.
     """
 
-    def __init__(self, agent: Agent, tasks: Sequence[Any], deadline: float = 600.0):
+    def __init__(self, agent: Agent, tasks: Sequence[Any], deadline: float = 600.0, processes: int = 0):
         if not tasks:
             raise ValueError("an agent trains on tasks; give at least one (tasks=[...] or --tasks FILE)")
         self.agent = agent
         self.tasks = list(tasks)
         self.deadline = deadline
+        self.processes = AgentProcesses(agent, processes) if processes else None
         self._server: ProxyServer | None = None
         self._names: dict[str, int] = {}
 
@@ -80,7 +84,8 @@ class AgentRollouts:
         tasks = [self.tasks[int(seed) % len(self.tasks)] for seed in seeds[::group_size]]
         server = self.server(trainer)
         with trainer.generator_lock:
-            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline, batch=self._name(f"step{trainer.state.global_step}"))
+            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline, batch=self._name(f"step{trainer.state.global_step}"),
+                                processes=self.processes)
         trajectories = batch.trajectories()
         for trajectory, seed in zip(trajectories, np.repeat(seeds[::group_size], group_size)):
             trajectory.seed = int(seed)
@@ -95,7 +100,7 @@ class AgentRollouts:
         try:
             with trainer.generator_lock:
                 batch = play_agents(self.agent, list(tasks), 1, server, deadline=self.deadline,
-                                    batch=self._name(f"eval{trainer.state.global_step}-{'greedy' if greedy else 'sampled'}"))
+                                    batch=self._name(f"eval{trainer.state.global_step}-{'greedy' if greedy else 'sampled'}"), processes=self.processes)
         finally:
             proxy.temperature = trainer.args.temperature
         rewards = [s.reward for group in batch.sessions for s in group]
@@ -107,10 +112,12 @@ class AgentRollouts:
         }
 
     def close(self) -> None:
-        """Stop the proxy (a later batch or evaluation starts it again)."""
+        """Stop the proxy and the agents' worker processes (a later batch or evaluation starts them again)."""
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self.processes is not None:
+            self.processes.close()
 
 
 class _CloseProxy(TrainerCallback):

@@ -246,6 +246,15 @@ class EnvGRPOConfig(GRPOConfig):
         metadata={"help": "rollout_mode=async: the truncation of the per-token importance weights pi_current / pi_sampled that correct for the lag."},
     )
     env_workers: int = field(default=2, metadata={"help": "Worker processes or actors of env_executor process/ray."})
+    agent_processes: int = field(
+        default=0,
+        metadata={
+            "help": "With an agent (`envhub train --agent`): run its sessions in this many worker processes instead of threads "
+            "of the trainer's, so the agents' client work (the openai SDK's, HTTP's) is spread over the cores and does not wait "
+            "for the trainer's interpreter lock; an agent past its deadline is then stopped. 0: threads (the agent need not be "
+            "importable by another process)."
+        },
+    )
     env_step_timeout: float | None = field(
         default=300.0, metadata={"help": "Seconds an env's reset or step may take in a process/ray worker before its episode ends with a time-out."}
     )

@@ -63,6 +63,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "max_staleness": NON_NEGATIVE,
     "importance_sampling_cap": Bounds(low=1),
     "env_workers": AT_LEAST_ONE,
+    "agent_processes": NON_NEGATIVE,
     "env_step_timeout": POSITIVE,
     # Advantages and losses
     "episode_reward_weight": NON_NEGATIVE,

@@ -132,7 +132,7 @@ class EnvGRPOTrainer(TRLBridge):
         self._synced_step = -1
         self._batch_seeds: list[int] = []
         self.value_head: ValueHead | None = None  # PPO's critic (envhub_trl.critic), beside the model
-        self.agents = AgentRollouts(agent, tasks or []).attach(self) if agent is not None else None
+        self.agents = AgentRollouts(agent, tasks or [], processes=args.agent_processes).attach(self) if agent is not None else None
         if "values" in NEEDS[args.advantage_estimator]:
             unwrapped = self.accelerator.unwrap_model(self.model)
             final_norm(unwrapped)  # an architecture without a known final norm fails here, not mid-run

@@ -3,7 +3,8 @@
 An agent is a callable ``agent(base_url, api_key, task) -> reward``: an agent loop written with any
 OpenAI-compatible client, given the proxy's base URL, an API key that is its session id, and a
 task (anything the tasks file holds). :func:`play_agents` runs it ``group_size`` times per task,
-every session at once, each in its own thread. Sessions of one task form one group, so GRPO,
+every session at once, each in its own thread, of this process or of a worker process
+(:class:`~envhub_trl.proxy.agent_processes.AgentProcesses`). Sessions of one task form one group, so GRPO,
 GiGPO and RLOO compare them as they compare the members of an env group.
 
 The reward is the callable's return value, or else the one the agent posted to
@@ -30,6 +31,7 @@ from typing import Any
 from envhub.error import PolicyError
 from envhub.generation import RandomToolCallGenerator
 from envhub.trajectory import Sample, Trajectory, to_samples
+from envhub_trl.proxy.agent_processes import REFERENCE_ATTRIBUTE, AgentProcesses, raised
 from envhub_trl.proxy.engine import ChatProxy
 from envhub_trl.proxy.server import ProxyServer
 from envhub_trl.proxy.sessions import Session, session_trajectory
@@ -90,7 +92,7 @@ def _reward_of(value: Any, session: Session) -> tuple[float | None, str | None]:
 
 
 def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: ProxyServer, *, deadline: float = 600.0,
-                batch: str | None = None) -> AgentBatch:
+                batch: str | None = None, processes: AgentProcesses | None = None) -> AgentBatch:
     """Run ``agent`` ``group_size`` times on each of ``tasks``, all at once, against ``server``.
 
     Args:
@@ -102,6 +104,8 @@ def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: Pro
         batch: names the batch in its session ids, ``agent-{batch}-g{group}-m{member}``. The proxy
             keys its sampler seeds by session id, so a batch named the same way in another run
             samples the same replies; a random name when None. A proxy plays each name once.
+        processes: run the sessions in these worker processes (:class:`AgentProcesses`) instead
+            of threads of this one; ``agent`` is then the one they were made for.
 
     Raises:
         ValueError: for a ``batch`` name this proxy has played already.
@@ -111,31 +115,40 @@ def play_agents(agent: Agent, tasks: Sequence[Any], group_size: int, server: Pro
     keys = [[f"agent-{batch}-g{g}-m{m}" for m in range(group_size)] for g in range(len(tasks))]
     if any(store.is_closed(key) for row in keys for key in row):
         raise ValueError(f"the batch {batch!r} was played already on this proxy; name each batch once")
-    results: dict[str, tuple[Any, BaseException | None]] = {}
+    results: dict[str, tuple[Any, str | None]] = {}  # key -> (the agent's return value, why it failed)
+
+    def ended(key: str, value: Any, error: str | None) -> None:
+        results[key] = (value, error)
+        store.close(key)  # its agent is done: the proxy's worker no longer waits for its next call
 
     def run(key: str, task: Any) -> None:
+        value, error = None, None
         try:
-            results[key] = (agent(server.base_url, key, task), None)
+            value = agent(server.base_url, key, task)
         except BaseException as exc:  # the agent's own failure ends its session only
-            results[key] = (None, exc)
+            error = raised(exc)
         finally:
-            store.close(key)  # its agent is done: the proxy's worker no longer waits for its next call
+            ended(key, value, error)
 
     start = time.monotonic()
-    # Daemon threads, not a pool: an agent that hangs must not keep the process alive at exit.
-    threads = [threading.Thread(target=run, args=(key, task), daemon=True, name=key) for task, row in zip(tasks, keys) for key in row]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(max(0.0, deadline - (time.monotonic() - start)))
+    jobs = [(key, task) for task, row in zip(tasks, keys) for key in row]
+    store.expect(key for key, _ in jobs)  # their first calls share a batch
+    if processes is not None:
+        processes.run(server.base_url, jobs, start + deadline, ended)
+    else:
+        # Daemon threads, not a pool: an agent that hangs must not keep the process alive at exit.
+        threads = [threading.Thread(target=run, args=job, daemon=True, name=job[0]) for job in jobs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, deadline - (time.monotonic() - start)))
     outcome: dict[str, tuple[float | None, str | None]] = {}
-    for key in (key for row in keys for key in row):
+    for key, _ in jobs:
         store.close(key)  # a hung agent's later calls are refused
         if key not in results:
             outcome[key] = (None, f"the agent ran past the batch's deadline of {deadline:g} s")
         elif results[key][1] is not None:
-            exc = results[key][1]
-            outcome[key] = (None, f"the agent raised {type(exc).__name__}: {exc}")
+            outcome[key] = (None, results[key][1])
         else:
             outcome[key] = _reward_of(results[key][0], store.get(key))
     seconds = time.monotonic() - start
@@ -233,4 +246,8 @@ def load_agent(reference: str) -> Agent:
     agent = getattr(module, name, None)
     if not callable(agent):
         raise ValueError(f"--agent {reference!r}: {where} has no callable {name!r}")
+    try:  # what worker processes load it from (agent_processes): a file's module cannot be pickled by name
+        setattr(agent, REFERENCE_ATTRIBUTE, str(Path(where).resolve()) + ":" + name if where.endswith(".py") else reference)
+    except (AttributeError, TypeError):
+        pass
     return agent
