@@ -19,12 +19,18 @@ Then, one call at a time with a generator that answers at once, what a call cost
 generation: through ``ChatProxy.complete`` (the proxy's own work), from the ``openai`` client over
 HTTP, and the client's own work with no server at all (an HTTP transport that answers at once).
 
-``--agents process`` runs the agents in a process of their own, as agents deployed apart from the
-trainer do: the ``openai`` client's own work on each call (building and checking the request's
-parameters, reading the response into its models) then no longer shares this process's
-interpreter lock with the proxy and the generator.
+``--agents process`` runs the agents in processes of their own (``--agent-processes N``, one by
+default, the sessions dealt among them), as agents deployed apart from the trainer do and as
+``envhub train --agent ... agent_processes=N`` runs them: the ``openai`` client's own work on each
+call (building and checking the request's parameters, reading the response into its models, its
+HTTP) then no longer shares this process's interpreter lock with the proxy and the generator, and
+with several processes it is spread over the cores.
 
-Usage: ``python bench/proxy.py [--sessions 64] [--turns 4] [--max-tokens 16] [--repeats 3] [--model smollm2-135m] [--agents process]``
+Each repeat's line also gives the garbage collector's full passes in this process while the
+proxy side ran (every thread stops for one); ``--no-freeze-gc`` starts the proxy without freezing
+the heap (:class:`~envhub_trl.proxy.ProxyServer`'s ``freeze_gc``).
+
+Usage: ``python bench/proxy.py [--sessions 64] [--turns 4] [--max-tokens 16] [--repeats 3] [--model smollm2-135m] [--agents process [--agent-processes N]] [--no-freeze-gc]``
 (with ``--model``, it writes ``bench/results/proxy-MODEL.json``).
 """
 
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import multiprocessing
 import os
@@ -112,45 +119,81 @@ def _asking(client: openai.OpenAI, max_tokens: int) -> Any:
     return ask
 
 
-def _play_agents(base_url: str, sessions: int, turns: int, max_tokens: int, tag: str) -> float:
-    """Seconds for ``sessions`` OpenAI-client agent threads to play their turns against ``base_url``,
-    from the moment all are ready (clients made, connections not yet opened) to the last one's end."""
-    barrier = threading.Barrier(sessions + 1)
+def _play_agents(base_url: str, sessions: range, turns: int, max_tokens: int, tag: str, everyone: Any = None) -> float:
+    """Seconds for OpenAI-client agent threads, one per session of ``sessions``, to play their turns
+    against ``base_url``, from the moment all are ready (clients made, connections not yet opened;
+    with ``everyone``, a barrier of the agents' processes, in every process) to the last one's end."""
+    ready, go = threading.Barrier(len(sessions) + 1), threading.Barrier(len(sessions) + 1)
 
     def agent(s: int) -> None:
         ask = _asking(openai.OpenAI(base_url=base_url, api_key=f"{tag}-{s}", max_retries=0), max_tokens)
-        barrier.wait()
+        ready.wait()
+        go.wait()
         _converse(ask, s, turns)
 
-    threads = [threading.Thread(target=agent, args=(s,)) for s in range(sessions)]
+    threads = [threading.Thread(target=agent, args=(s,)) for s in sessions]
     for thread in threads:
         thread.start()
-    barrier.wait()
+    ready.wait()  # this process's clients are made (about 17 ms each)
+    if everyone is not None:
+        everyone.wait()  # and every other process's
+    go.wait()
     start = time.perf_counter()
     for thread in threads:
         thread.join()
     return time.perf_counter() - start
 
 
-def _agents_process(base_url: str, sessions: int, turns: int, max_tokens: int, tag: str, out: Any) -> None:
-    out.send(_play_agents(base_url, sessions, turns, max_tokens, tag))
+def _agents_process(base_url: str, sessions: range, turns: int, max_tokens: int, tag: str, everyone: Any, out: Any) -> None:
+    out.send(_play_agents(base_url, sessions, turns, max_tokens, tag, everyone))
 
 
-def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: int, tag: str, agents: str = "threads") -> tuple[float, int]:
+def through_proxy(server: ProxyServer, sessions: int, turns: int, max_tokens: int, tag: str, agents: str = "threads",
+                  processes: int = 1) -> tuple[float, int]:
     """Seconds to play every session's turns as concurrent OpenAI-client agents; and the fold breaks.
-    ``agents="process"`` runs the agent threads in a process of their own (spawned, so its start is
-    not timed), as agents deployed apart from the trainer run; else they share this process."""
+    ``agents="process"`` runs the agent threads in ``processes`` processes of their own (spawned, so
+    their start is not timed; the sessions dealt among them in turn), as agents deployed apart from
+    the trainer run; else they share this process. The time is the slowest process's. The
+    sessions are expected by the proxy, as the trainer's agents are (their first calls share a batch)."""
+    server.proxy.store.expect(f"{tag}-{s}" for s in range(sessions))
     if agents == "process":
         spawn = multiprocessing.get_context("spawn")
-        receive, send = spawn.Pipe(duplex=False)
-        child = spawn.Process(target=_agents_process, args=(server.base_url, sessions, turns, max_tokens, tag, send))
-        child.start()
-        seconds = receive.recv()
-        child.join()
+        everyone = spawn.Barrier(processes)
+        pipes = [spawn.Pipe(duplex=False) for _ in range(processes)]
+        children = [
+            spawn.Process(target=_agents_process, args=(server.base_url, range(k, sessions, processes), turns, max_tokens, tag, everyone, send))
+            for k, (_, send) in enumerate(pipes)
+        ]
+        for child in children:
+            child.start()
+        seconds = max(receive.recv() for receive, _ in pipes)
+        for child in children:
+            child.join()
     else:
-        seconds = _play_agents(server.base_url, sessions, turns, max_tokens, tag)
+        seconds = _play_agents(server.base_url, range(sessions), turns, max_tokens, tag)
     breaks = sum(server.proxy.store.find(f"{tag}-{s}").breaks for s in range(sessions))
     return seconds, breaks
+
+
+class _FullCollections:
+    """The garbage collector's full passes (generation 2) in this process, in milliseconds each:
+    every thread stops for them."""
+
+    def __init__(self):
+        self.passes, self._began = [], 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                self._began = time.perf_counter()
+            else:
+                self.passes.append((time.perf_counter() - self._began) * 1e3)
+
+    def take(self) -> list[float]:
+        """The passes since the last call, and forget them."""
+        passes, self.passes = self.passes, []
+        return passes
 
 
 def client_cost(turns: int, max_tokens: int, calls: int = 256) -> float:
@@ -224,7 +267,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default=None, help="smollm2-135m, a model folder or a hub id (default: the tiny model, built here).")
     parser.add_argument("--agents", choices=("threads", "process"), default="threads",
-                        help="where the agents run: threads of this process (as the trainer runs agent callables), or a process of their own")
+                        help="where the agents run: threads of this process (as the trainer runs agent callables by default), or processes of their own")
+    parser.add_argument("--agent-processes", type=int, default=1, help="with --agents process: how many processes the agents are dealt among")
+    parser.add_argument("--no-freeze-gc", action="store_true", help="start the proxy without freezing the heap (ProxyServer's freeze_gc)")
     parser.add_argument("--straggler-wait-s", type=float, default=None,
                         help="the proxy's straggler_wait_s (default: ChatProxy's; 0 batches as before it existed)")
     options = parser.parse_args()
@@ -242,27 +287,31 @@ def main() -> None:
     generator.eos_ids = set()
     counted = Counted(generator)
     waits = {} if options.straggler_wait_s is None else {"straggler_wait_s": options.straggler_wait_s}
-    server = ProxyServer(ChatProxy(counted, generator.tokenizer, model="tiny", **waits)).start()
+    server = ProxyServer(ChatProxy(counted, generator.tokenizer, model="tiny", **waits), freeze_gc=not options.no_freeze_gc).start()
+    pauses = _FullCollections()
     turns_total = options.sessions * options.turns
     direct(counted, options.sessions, 1, options.max_tokens)  # warm-up, not counted: first calls compile and connect
-    through_proxy(server, options.sessions, 1, options.max_tokens, "warm-up", options.agents)
+    agents = {"agents": options.agents, "processes": options.agent_processes}
+    through_proxy(server, options.sessions, 1, options.max_tokens, "warm-up", **agents)
     counted.take()
     rows = []
     for repeat in range(options.repeats):
         if repeat % 2:  # alternate which side goes first, so that a change of load falls on both
-            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", options.agents)
-            proxy_batches = counted.take()
+            pauses.take()
+            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", **agents)
+            proxy_batches, full = counted.take(), pauses.take()
             direct_s = direct(counted, options.sessions, options.turns, options.max_tokens)
         else:
             direct_s = direct(counted, options.sessions, options.turns, options.max_tokens)
-            counted.take()
-            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", options.agents)
-            proxy_batches = counted.take()
+            counted.take(), pauses.take()
+            proxy_s, breaks = through_proxy(server, options.sessions, options.turns, options.max_tokens, f"r{repeat}", **agents)
+            proxy_batches, full = counted.take(), pauses.take()
         rows.append({"direct_s": direct_s, "proxy_s": proxy_s, "overhead": proxy_s / direct_s, "fold_breaks": breaks,
-                     "proxy_batches": proxy_batches})
+                     "proxy_batches": proxy_batches, "full_collections_ms": full})
         print(f"repeat {repeat}: direct {turns_total / direct_s:.1f} turns/s, proxy {turns_total / proxy_s:.1f} turns/s, "
               f"overhead {proxy_s / direct_s:.2f}x, fold breaks {breaks}, the proxy's {len(proxy_batches)} batches "
-              f"(direct: {options.turns} of {options.sessions}): {proxy_batches}")
+              f"(direct: {options.turns} of {options.sessions}): {proxy_batches}"
+              + (f"; full collections in this process meanwhile: {', '.join(f'{ms:.0f} ms' for ms in full)}" if full else ""))
     server.stop()
     client_ms = client_cost(options.turns, options.max_tokens)
     costs = per_call_costs(generator.tokenizer, options.turns, options.max_tokens)
@@ -274,9 +323,11 @@ def main() -> None:
         "command": f"python bench/proxy.py --sessions {options.sessions} --turns {options.turns} --max-tokens {options.max_tokens} --repeats {options.repeats}"
         + (f" --model {options.model}" if options.model else "")
         + (f" --straggler-wait-s {options.straggler_wait_s:g}" if options.straggler_wait_s is not None else "")
-        + (" --agents process" if options.agents == "process" else ""),
+        + (" --no-freeze-gc" if options.no_freeze_gc else "")
+        + (f" --agents process --agent-processes {options.agent_processes}" if options.agents == "process" else ""),
         "straggler_wait_s": server.proxy.straggler_wait_s,
         "agents": options.agents,
+        "agent_processes": options.agent_processes if options.agents == "process" else 0,
         "model": options.model or "tiny",
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": platform.python_version()},
         "sessions": options.sessions, "turns": options.turns, "max_tokens": options.max_tokens,
@@ -292,7 +343,9 @@ def main() -> None:
     if options.straggler_wait_s is not None:
         out = out.with_name(f"{out.stem}-straggler{options.straggler_wait_s:g}.json")
     if options.agents == "process":
-        out = out.with_name(f"{out.stem}-agents-process.json")
+        out = out.with_name(f"{out.stem}-agents-process{'' if options.agent_processes == 1 else options.agent_processes}.json")
+    if options.no_freeze_gc:
+        out = out.with_name(f"{out.stem}-no-freeze.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

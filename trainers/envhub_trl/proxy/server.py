@@ -122,8 +122,9 @@ class ProxyServer:
         freeze_gc: at :meth:`start`, collect and then freeze what the process holds (``gc.freeze``,
             as vLLM's server does after its start): the model, the libraries and the trainer are
             then out of the collector's full passes. Without it, a full pass in a process holding
-            torch and transformers took 368 ms with every thread stopped, long enough for the
-            calls of agents started together to split into two batches (``bench/proxy.py``).
+            torch and transformers took 387-511 ms with every thread stopped, long enough for the
+            calls of agents started together to split into two batches (157-192 ms frozen;
+            ``bench/proxy.py --no-freeze-gc``).
     """
 
     def __init__(self, proxy: ChatProxy, *, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20, freeze_gc: bool = True):
