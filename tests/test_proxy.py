@@ -213,8 +213,8 @@ class _Batches:
 
 def test_the_callers_a_batch_answered_share_the_next_batch_though_they_call_back_slowly(tiny):
     """Under load, agents answered by one batch call back spread over more than batch_wait_s; the
-    worker waits (straggler_wait_s between arrivals, one batch's time in all) until as many are
-    in, instead of starting a half batch and leaving the other half to the next."""
+    worker waits (straggler_wait_s between arrivals) until they are in, instead of starting a half
+    batch and leaving the other half to the next."""
     import time
 
     from envhub.generation import Prompt, SamplingParams
@@ -241,28 +241,30 @@ def test_the_callers_a_batch_answered_share_the_next_batch_though_they_call_back
             assert generator.sizes[0] == 6 and len(generator.sizes) > 3
 
 
-def test_a_split_batch_joins_again_when_its_other_half_calls_back(tiny):
-    """The callers a batch answered are counted by session: the other half's requests, queued
-    while the batch ran, do not stand in for them, so the two halves share the next batch instead
-    of taking turns (agents in two processes split so at their first calls)."""
+def _calls(proxy, sessions, gap=0.0):
+    """One call of each of ``sessions`` straight to the proxy's worker, ``gap`` seconds apart; wait for them."""
     import time
 
     from envhub.generation import Prompt, SamplingParams
 
-    def call(proxy, sessions, gap=0.0):
-        futures = []
-        for session in sessions:
-            futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), session))
-            time.sleep(gap)
-        for future in futures:
-            future.result(timeout=30)
+    futures = []
+    for session in sessions:
+        futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), session))
+        time.sleep(gap)
+    for future in futures:
+        future.result(timeout=30)
 
+
+def test_a_split_batch_joins_again_when_its_other_half_calls_back(tiny):
+    """The callers a batch answered are counted by session: the other half's requests, queued
+    while the batch ran, do not stand in for them, so the two halves share the next batch instead
+    of taking turns (agents in two processes split so at their first calls)."""
     generator = _Batches(seconds=1.0)
     proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=0.2)
-    half = threading.Timer(0.3, call, args=(proxy, ["b1", "b2", "b3", "b4"]))
+    half = threading.Timer(0.3, _calls, args=(proxy, ["b1", "b2", "b3", "b4"]))
     half.start()  # the other half calls while the first half's batch runs
-    call(proxy, ["a1", "a2", "a3", "a4"])
-    call(proxy, ["a1", "a2", "a3", "a4"], gap=0.03)  # called back 30 ms apart, over batch_wait_s
+    _calls(proxy, ["a1", "a2", "a3", "a4"])
+    _calls(proxy, ["a1", "a2", "a3", "a4"], gap=0.03)  # called back 30 ms apart, over batch_wait_s
     half.join()
     assert generator.sizes == [4, 8]
 
@@ -271,28 +273,16 @@ def test_the_first_calls_of_sessions_started_together_share_a_batch(tiny):
     """Agents started together (``SessionStore.expect``: ``play_agents`` says so) have their first
     calls waited for as a batch's callers are, though they come in further apart than
     batch_wait_s; without it they split. A session that ends before its first call is not waited for."""
-    import time
-
-    from envhub.generation import Prompt, SamplingParams
-
-    def call(proxy, sessions, gap):
-        futures = []
-        for session in sessions:
-            futures.append(proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), session))
-            time.sleep(gap)
-        for future in futures:
-            future.result(timeout=30)
-
     for expect, expected in ((True, [1, 4]), (False, None)):
         generator = _Batches(seconds=0.5)
         proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=0.2)
-        call(proxy, ["warm-up"], 0.0)
+        _calls(proxy, ["warm-up"])
         proxy.store.close("warm-up")
         if expect:
             proxy.store.expect(["a", "b", "c", "d", "never"])
             proxy.store.close("never")  # its agent failed before calling
             assert sorted(proxy.store.first_calls_due()) == ["a", "b", "c", "d"]
-        call(proxy, ["a", "b", "c", "d"], 0.03)
+        _calls(proxy, ["a", "b", "c", "d"], gap=0.03)
         if expected is not None:
             assert generator.sizes == expected and proxy.store.first_calls_due() == []
         else:
@@ -301,30 +291,23 @@ def test_the_first_calls_of_sessions_started_together_share_a_batch(tiny):
 
 @pytest.mark.parametrize("ending", ["reward", "close"])
 def test_the_worker_does_not_wait_for_the_callers_of_sessions_that_ended(tiny, ending):
-    """After a batch, the worker waits up to that batch's time for the sessions it answered; a
-    session whose reward was posted or whose agent returned (closed) is not waited for, so the
-    next batch starts as soon as the live sessions are back, and ending one mid-wait wakes it."""
+    """After a batch, the worker waits for the sessions it answered; a session whose reward was
+    posted or whose agent returned (closed) is not waited for, so the next batch starts as soon as
+    the live sessions are back, and ending one mid-wait wakes it."""
     import time
-
-    from envhub.generation import Prompt, SamplingParams
-
-    def call(proxy, sessions):
-        futures = [proxy._submit(Prompt(token_ids=[1], messages=[]), SamplingParams(max_new_tokens=1), s) for s in sessions]
-        for future in futures:
-            future.result(timeout=30)
 
     def end(proxy, session):
         proxy.store.set_reward(session, 1.0) if ending == "reward" else proxy.store.close(session)
 
     generator = _Batches(seconds=2.0)
     proxy = ChatProxy(generator, tiny.tokenizer, batch_wait_s=0.01, straggler_wait_s=5.0)
-    call(proxy, ["a", "b", "c", "d"])  # one batch of four sessions
+    _calls(proxy, ["a", "b", "c", "d"])  # one batch of four sessions
     end(proxy, "c"), end(proxy, "d")
     sent = time.perf_counter()
-    call(proxy, ["a", "b"])  # the two live sessions are back: nothing else to wait for
+    _calls(proxy, ["a", "b"])  # the two live sessions are back: nothing else to wait for
     assert generator.sizes == [4, 2] and generator.started[1] - sent < 1.0  # not the batch's 2 s
 
     threading.Timer(0.5, end, args=(proxy, "b")).start()  # b ends while the worker waits for it
     sent = time.perf_counter()
-    call(proxy, ["a"])
+    _calls(proxy, ["a"])
     assert generator.sizes == [4, 2, 1] and 0.4 < generator.started[2] - sent < 1.5
