@@ -180,6 +180,12 @@ def test_an_agent_in_a_worker_process_that_fails_ends_only_its_own_session(serve
         assert batch.sessions[0][0].error == "the agent's worker process exited (exit code 3)"
         assert batch.sessions[1][0].error is None
         assert all(group[0].reward == 1.0 for group in play_agents(agent, ["talk", "talk"], 1, server, processes=workers).sessions)
+    path.write_text("raise ImportError('a module this agent needs is missing')\n")  # what a new worker finds now
+    with AgentProcesses(agent, 1) as workers:
+        batch = play_agents(agent, ["talk"], 1, server, processes=workers)
+        assert batch.sessions[0][0].error == (
+            "the agent's worker process could not load it: ImportError: a module this agent needs is missing"
+        )
 
 
 def test_load_agent_from_a_file_or_a_module(tmp_path):

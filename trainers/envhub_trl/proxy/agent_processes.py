@@ -69,11 +69,16 @@ def portable(agent: Any) -> Any:
 def _serve(connection: Any, agent: Any) -> None:
     """A worker process: load ``agent``, then run each batch of ``(base_url, [(key, task), ...])``
     it receives, every session in a thread of its own, and send ``(key, value, error)`` for each
-    as it ends; ``None`` ends the worker."""
-    if isinstance(agent, str):
-        from envhub_trl.proxy.agents import load_agent
+    as it ends; ``None`` ends the worker. An agent the worker cannot load fails every session it
+    is sent, with the reason."""
+    unloadable = None
+    try:
+        if isinstance(agent, str):
+            from envhub_trl.proxy.agents import load_agent
 
-        agent = load_agent(agent)
+            agent = load_agent(agent)
+    except Exception as exc:  # the file changed or is not importable here: say so in each session
+        unloadable = f"the agent's worker process could not load it: {type(exc).__name__}: {exc}"
     sending = threading.Lock()
 
     def run(base_url: str, key: str, task: Any) -> None:
@@ -90,6 +95,9 @@ def _serve(connection: Any, agent: Any) -> None:
     while (batch := connection.recv()) is not None:
         base_url, jobs = batch
         for key, task in jobs:
+            if unloadable is not None:
+                connection.send((key, None, unloadable))
+                continue
             threading.Thread(target=run, args=(base_url, key, task), daemon=True, name=key).start()
 
 
