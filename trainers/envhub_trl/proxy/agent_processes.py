@@ -145,7 +145,7 @@ class AgentProcesses:
             shares.setdefault(n % self.processes, []).append(job)
         running: dict[Any, tuple[int, set[str]]] = {}  # connection -> (worker, its sessions not yet ended)
         for index, share in shares.items():
-            process, connection = self._worker(index)
+            _, connection = self._worker(index)
             connection.send((base_url, share))
             running[connection] = (index, {key for key, _ in share})
         while running:

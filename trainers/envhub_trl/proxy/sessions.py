@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from envhub.trajectory import Trajectory, Turn
