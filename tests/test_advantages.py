@@ -121,6 +121,28 @@ def test_select_groups_drops_tied_groups_and_keeps_the_top_fraction_by_std():
         select_groups(returns, groups, keep_fraction=1.5)
 
 
+def test_select_groups_keeps_the_top_share_of_return_variance():
+    from envhub_trl.advantages import select_groups
+
+    returns = np.array([1.0, 0.0, 0.5, 0.5, 3.0, 0.0, 0.2, 0.1])
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3])  # variances 0.25, 0, 2.25, 0.0025: 2.5025 in all
+    # group 2 alone (2.25) holds half of the sum (1.25)
+    np.testing.assert_array_equal(select_groups(returns, groups, variance_share=0.5), [0, 0, 0, 0, 1, 1, 0, 0])
+    # 2.25 < 0.9 * 2.5025 = 2.252, so group 0 is taken too, and then the share is held
+    np.testing.assert_array_equal(select_groups(returns, groups, variance_share=0.9), [1, 1, 0, 0, 1, 1, 0, 0])
+    # just under 1: every group with variance, never the tied one
+    np.testing.assert_array_equal(select_groups(returns, groups, variance_share=0.9999), [1, 1, 0, 0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(select_groups(returns, groups, variance_share=1.0), [True] * 8)
+    # beside the std quota: each filter drops what it drops
+    np.testing.assert_array_equal(
+        select_groups(returns, groups, keep_fraction=0.25, variance_share=0.9), [0, 0, 0, 0, 1, 1, 0, 0]
+    )
+    # a batch with no variance keeps every group (nothing to rank), as VAGEN's filter does
+    np.testing.assert_array_equal(select_groups(np.ones(4), np.array([0, 0, 1, 1]), variance_share=0.5), [True] * 4)
+    with pytest.raises(ValueError, match="variance_share"):
+        select_groups(returns, groups, variance_share=0.0)
+
+
 def test_gigpo_anchor_groups_span_members_and_turns_of_one_group():
     # one group of two members; member 0 returns to state A on its 3rd turn, member 1 starts in A
     out = gigpo_advantages(

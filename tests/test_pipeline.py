@@ -59,6 +59,14 @@ def test_gather_gives_global_indices_and_groups_and_marks_dropped_groups():
     assert own[0].index == 0  # the played episodes are left as they were
 
 
+def test_gather_keeps_the_groups_that_hold_the_top_share_of_return_variance():
+    local = [episode([1.0]), episode([0.0]), episode([0.6]), episode([0.4]), episode([1.0]), episode([1.0])]  # variances 0.25, 0.01, 0
+    batch = pipeline.gather(local, group_size=2, variance_share=0.9)
+    np.testing.assert_array_equal(batch.keep, [True, True, False, False, False, False])
+    batch = pipeline.gather(local, group_size=2, variance_share=0.99)
+    np.testing.assert_array_equal(batch.keep, [True, True, True, True, False, False])
+
+
 def test_play_then_gather_on_a_real_manager_without_a_model():
     from envhub.generation import ExpertGenerator, SamplingParams
     from envhub.manager import EnvGroupManager

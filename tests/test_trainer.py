@@ -64,6 +64,8 @@ def test_config_names_the_fix_for_a_batch_that_does_not_divide(tmp_path):
         _config(tmp_path, eval_seed_offset=10, num_train_seeds=100)
     with pytest.raises(ValueError, match="keep_group_fraction"):
         _config(tmp_path, keep_group_fraction=0.0)
+    with pytest.raises(ValueError, match="keep_group_variance_share"):
+        _config(tmp_path, keep_group_variance_share=1.5)
 
 
 def test_config_group_size_is_num_generations_and_sets_the_generation_batch(tmp_path):

@@ -152,9 +152,16 @@ def gigpo_advantages(
 
 
 def select_groups(
-    returns: np.ndarray, groups: np.ndarray, *, drop_tied: bool = False, keep_fraction: float = 1.0, eps: float = 1e-8
+    returns: np.ndarray,
+    groups: np.ndarray,
+    *,
+    drop_tied: bool = False,
+    keep_fraction: float = 1.0,
+    variance_share: float = 1.0,
+    eps: float = 1e-8,
 ) -> np.ndarray:
-    """Which trajectories a filtered batch keeps, group by group (RAGEN's StarPO-S filter).
+    """Which trajectories a filtered batch keeps, group by group (RAGEN's StarPO-S filter and
+    RAGEN-2's top-p filter by reward variance).
 
     Args:
         returns: shape ``(n_traj,)``, each trajectory's return.
@@ -163,12 +170,20 @@ def select_groups(
             episode-level signal.
         keep_fraction: keep the ``ceil(keep_fraction * n_groups)`` groups with the largest return
             std (ties broken by group label), after ``drop_tied``.
+        variance_share: keep the groups of largest return variance that together hold this share
+            of the batch's summed variance (top-p, as RAGEN-2's ``rollout_filter_strategy: top_p``
+            over ``reward_variance`` and VAGEN's ``reward_variance_top_p``): groups are taken in
+            order of variance (ties by label) while those taken hold less than the share, so a
+            tied group goes once the share is below 1. A batch with no variance keeps every group.
+            Applied beside the other two; no loss rescaling (RAGEN's ``filter_loss_scaling: none``).
 
     Returns:
         Shape ``(n_traj,)``, True for the trajectories of kept groups.
     """
     if not 0.0 < keep_fraction <= 1.0:
         raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    if not 0.0 < variance_share <= 1.0:
+        raise ValueError(f"variance_share must be in (0, 1], got {variance_share}")
     returns = np.asarray(returns, dtype=np.float64)
     labels_of, labels, counts = np.unique(groups, return_inverse=True, return_counts=True)
     mean = np.bincount(labels, weights=returns) / counts
@@ -181,5 +196,13 @@ def select_groups(
         order = np.lexsort((np.arange(len(labels_of)), -std))  # by std descending, then label
         top = np.zeros(len(labels_of), dtype=bool)
         top[order[:quota]] = True
+        keep &= top
+    variance = std**2
+    total = variance.sum()
+    if variance_share < 1.0 and total > 0.0:
+        order = np.lexsort((np.arange(len(labels_of)), -variance))
+        held_before = np.cumsum(variance[order]) - variance[order]
+        top = np.zeros(len(labels_of), dtype=bool)
+        top[order[held_before < variance_share * total]] = True
         keep &= top
     return keep[labels]

@@ -31,7 +31,8 @@ Advantages:
     ``advantage_norm_scope`` (``group``, ``env`` or ``batch``).
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
-    top fraction of groups by return std, as RAGEN's StarPO-S).
+    top fraction of groups by return std, as RAGEN's StarPO-S), ``keep_group_variance_share`` (keep
+    the groups that hold the top share of the batch's return variance, RAGEN-2's top-p filter).
 Failing environments:
     ``max_env_error_rate`` (an env that raises ends its episode alone, which is left out of the
     batch; the run stops when more of a batch's episodes fail), ``nonfinite_rewards`` (``refuse``
@@ -353,6 +354,13 @@ class EnvGRPOConfig(GRPOConfig):
     )
     keep_group_fraction: float = field(
         default=1.0, metadata={"help": "Keep this top fraction of groups by return std (RAGEN's StarPO-S); 1.0 keeps all."}
+    )
+    keep_group_variance_share: float = field(
+        default=1.0,
+        metadata={
+            "help": "Keep the groups of largest return variance that together hold this share of the batch's summed "
+            "variance (RAGEN-2's top-p filter; tied groups go once it is below 1); 1.0 keeps all."
+        },
     )
     max_env_error_rate: float = field(
         default=0.5,

@@ -77,6 +77,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "vf_coef": NON_NEGATIVE,
     "cliprange_value": POSITIVE,
     "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
+    "keep_group_variance_share": Bounds(low=0, high=1, low_open=True),
     "max_env_error_rate": UNIT,
     "beta": NON_NEGATIVE,
     "epsilon": NON_NEGATIVE,

@@ -141,6 +141,7 @@ def gather(
     collect: Collect = _alone,
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
+    variance_share: float = 1.0,
     max_error_rate: float = 0.5,
     nonfinite_rewards: str = "refuse",
 ) -> GenerationBatch:
@@ -165,7 +166,9 @@ def gather(
     aside = screen(episodes, max_error_rate=max_error_rate, nonfinite_rewards=nonfinite_rewards)
     episodes = [set_aside(t, len(episodes) + i) if out else t for i, (t, out) in enumerate(zip(episodes, aside))]
     turns = TurnBatch.from_trajectories(episodes)
-    keep = select_groups(turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction) & ~aside
+    keep = select_groups(
+        turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction, variance_share=variance_share
+    ) & ~aside
     return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep, aside=aside)
 
 

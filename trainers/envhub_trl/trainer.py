@@ -268,6 +268,7 @@ class EnvGRPOTrainer(TRLBridge):
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
             drop_tied=args.filter_tied_groups, keep_fraction=args.keep_group_fraction,
+            variance_share=args.keep_group_variance_share,
             max_error_rate=args.max_env_error_rate, nonfinite_rewards=args.nonfinite_rewards,
         )
         left_out = pipeline.describe_aside(batch.episodes, batch.aside)
