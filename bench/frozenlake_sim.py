@@ -29,6 +29,8 @@ The levers the second plateau was screened with (docs/results-rl-alone.md): ``--
 each step's maps replayed from those whose last group was neither all won nor all lost, drawn by
 p(1-p), as sampling for learnability does) and ``--epsilon`` (a uniformly random move in place of
 the sampled one, with that probability a turn).
+``--adam-beta2`` and ``--max-grad-norm`` change the optimizer's step (``adam_beta2``,
+``max_grad_norm``; 0 leaves the gradient unclipped).
 Each evaluation also says how the greedy episodes that lost ended (``hole_in_view``: a step into a
 hole the view showed). ``--save DIR`` keeps the trained model; ``--steps 0`` only evaluates a start.
 
@@ -329,13 +331,15 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="the training episodes' sampling temperature (the loss reads the same tempered log-probabilities, as TRL's does)")
     parser.add_argument("--save", default=None, help="model: save the trained model to this folder")
     parser.add_argument("--no-format-sentence", action="store_true", help="model: leave envhub's reply-format sentence out of the system message (the move is still sampled after a prefilled <answer>)")
+    parser.add_argument("--adam-beta2", type=float, default=0.999, help="the optimizer's second-moment decay (adam_beta2)")
+    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="the gradient's norm is clipped to this (max_grad_norm; 0: not clipped)")
     parser.add_argument("--name", default=None)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     policy = {"table": TablePolicy, "mlp": MLPPolicy}[args.policy]() if args.policy != "model" else ModelPolicy(args.start, args.seed, not args.no_format_sentence)
     if args.policy == "model" and args.start == "init":
         format_start(policy, args.format_steps)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0, betas=(0.9, args.adam_beta2))
     tempered = policy if args.temperature == 1.0 else Tempered(policy, args.temperature)
     validation = [random_map(SIDE, P_ICE, VALIDATION + i) for i in range(256)]
     next_map, curve, started = args.seed * 10**6, [], time.time()
@@ -386,7 +390,8 @@ def main() -> None:
             group["lr"] = learning_rate(args, step)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        if args.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
         optimizer.step()
     if args.save and args.policy == "model":
         policy.model.save_pretrained(args.save)
