@@ -191,18 +191,14 @@ def select_groups(
     keep = np.ones(len(labels_of), dtype=bool)
     if drop_tied:
         keep &= std > eps
+    # Both other filters keep a head of one ranking: by std (so by variance) descending, then label.
+    order = np.lexsort((np.arange(len(labels_of)), -std))
+    taken = len(labels_of)
     if keep_fraction < 1.0:
-        quota = int(np.ceil(keep_fraction * len(labels_of)))
-        order = np.lexsort((np.arange(len(labels_of)), -std))  # by std descending, then label
-        top = np.zeros(len(labels_of), dtype=bool)
-        top[order[:quota]] = True
-        keep &= top
-    variance = std**2
-    total = variance.sum()
-    if variance_share < 1.0 and total > 0.0:
-        order = np.lexsort((np.arange(len(labels_of)), -variance))
-        held_before = np.cumsum(variance[order]) - variance[order]
-        top = np.zeros(len(labels_of), dtype=bool)
-        top[order[held_before < variance_share * total]] = True
-        keep &= top
+        taken = int(np.ceil(keep_fraction * len(labels_of)))
+    variance = std[order] ** 2
+    if variance_share < 1.0 and variance.sum() > 0.0:
+        held_before = np.cumsum(variance) - variance  # nondecreasing: the groups taken are a head
+        taken = min(taken, int(np.sum(held_before < variance_share * variance.sum())))
+    keep[order[taken:]] = False
     return keep[labels]
