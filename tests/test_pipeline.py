@@ -67,6 +67,51 @@ def test_gather_keeps_the_groups_that_hold_the_top_share_of_return_variance():
     np.testing.assert_array_equal(batch.keep, [True, True, True, True, False, False])
 
 
+def won(success, reward=0.0, seed=0):
+    return dataclasses.replace(episode([reward], seed=seed), success=success)
+
+
+def test_refill_tied_puts_the_next_untied_groups_of_later_rounds_in_the_tied_groups_places():
+    first = [episode([1.0], seed=1), episode([0.0], seed=1), episode([1.0], seed=2), episode([1.0], seed=2),
+             episode([0.0], seed=3), episode([0.0], seed=3)]  # groups of 2: untied, tied, tied
+    played = []
+
+    def rounds():
+        for n, pair in enumerate([(0.5, 0.7), (0.2, 0.4)], start=1):  # each round: a tied group, then an untied one
+            more = [episode([pair[0]], seed=10 * n), episode([pair[0]], seed=10 * n), episode([pair[0]], seed=10 * n + 1),
+                    episode([pair[1]], seed=10 * n + 1)]
+            played.append(n)
+            yield more
+
+    filled, refill = pipeline.refill_tied(first, rounds(), group_size=2, rounds=5)
+    assert [t.seed for t in filled] == [1, 1, 11, 11, 21, 21]  # round 1's untied group, then round 2's first untied
+    assert refill == pipeline.Refill(rounds=3, tied_first=2, tied_left=0, success_first=0.0)
+    assert played == [1, 2]  # no round past the one that untied the last
+
+
+def test_refill_tied_stops_at_its_rounds_and_leaves_the_groups_still_tied_in_place():
+    first = [episode([0.0], seed=1)] * 2 + [episode([1.0], seed=2), episode([0.0], seed=2)]
+    always_tied = iter(lambda: [episode([0.0], seed=9)] * 4, None)
+    filled, refill = pipeline.refill_tied(first, always_tied, group_size=2, rounds=3)
+    assert [t.seed for t in filled] == [1, 1, 2, 2] and (refill.rounds, refill.tied_first, refill.tied_left) == (3, 1, 1)
+    assert pipeline.refill_tied(first, iter(()), group_size=2, rounds=1)[1].rounds == 1  # one round: nothing replayed
+    with pytest.raises(ValueError, match="whole groups"):
+        pipeline.refill_tied(first[:3], iter(()), group_size=2, rounds=2)
+
+
+def test_a_group_that_differs_by_format_penalties_alone_is_tied_by_success():
+    penalties = [won(False, -0.1), won(False, -0.3)]  # both lost; one paid more format penalty
+    assert not pipeline.group_is_tied(penalties, "return") and pipeline.group_is_tied(penalties, "success")
+    assert not pipeline.group_is_tied([won(True, 1.0), won(False, 0.0)], "success")
+    local = penalties + [won(True, 1.0), won(False, -0.1)]
+    np.testing.assert_array_equal(pipeline.gather(local, group_size=2, drop_tied=True).keep, [True, True, True, True])
+    np.testing.assert_array_equal(pipeline.gather(local, group_size=2, drop_tied=True, tied_by="success").keep, [False, False, True, True])
+    with pytest.raises(ValueError, match="tied_by must be one of"):
+        pipeline.gather(local, group_size=2, drop_tied=True, tied_by="score")
+    filled, refill = pipeline.refill_tied(local, iter([[won(True, 1.0, seed=5), won(False, 0.0, seed=5)]]), group_size=2, rounds=2, tied_by="success")
+    assert [t.seed for t in filled[:2]] == [5, 5] and refill.success_first == 0.25
+
+
 def test_play_then_gather_on_a_real_manager_without_a_model():
     from envhub.generation import ExpertGenerator, SamplingParams
     from envhub.manager import EnvGroupManager

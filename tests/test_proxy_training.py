@@ -49,7 +49,7 @@ def test_an_agents_sessions_are_what_the_loss_trains_on(tmp_path):
     config = lake_config(tmp_path / "run", groups_per_step=2, group_size=4, per_device_train_batch_size=8, learning_rate=1e-2)
     trainer = Spy(model, config, processing_class=tokenizer, agent=chatty, tasks=[{"seed": s} for s in range(4)])
     play = trainer.agents.play
-    trainer.agents.play = lambda *a: (lambda result: (played.append(result[0]), result)[1])(play(*a))
+    trainer.agents.play = lambda *a, **kw: (lambda result: (played.append(result[0]), result)[1])(play(*a, **kw))
     trainer.train()
     assert trainer.state.global_step == 2 and len(seen) == 2
     for output, trajectories in seen:

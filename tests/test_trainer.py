@@ -79,6 +79,59 @@ def test_config_group_size_is_num_generations_and_sets_the_generation_batch(tmp_
 # ---------------------------------------------------------------------------------------- glue
 
 
+def test_config_bounds_dynamic_sampling_and_names_what_ties(tmp_path):
+    with pytest.raises(ValueError, match="dynamic_sampling_rounds"):
+        _config(tmp_path, dynamic_sampling_rounds=0)
+    with pytest.raises(ValueError, match="tied_by must be one of"):
+        _config(tmp_path, tied_by="score")
+    with pytest.raises(ValueError, match="rollout_mode='async' plays ahead"):
+        _config(tmp_path, dynamic_sampling_rounds=2, rollout_mode="async")
+
+
+def test_dynamic_sampling_trains_on_untied_groups_replayed_in_the_tied_ones_places(tiny, tmp_path, monkeypatch):
+    """DAPO's dynamic sampling in the trainer: a first round in which every group ties (the untrained
+    model alone plays it, and loses) is replaced group by group by a second round on new training
+    seeds (half of each group played by the expert), and the rounds and shares are logged."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl import pipeline
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    class FirstRoundLoses(HalfExpert):
+        model_only = True
+
+        def generate(self, prompts, sampling):
+            return self.hf.generate(prompts, sampling) if self.model_only else super().generate(prompts, sampling)
+
+    play_round, gathered, real = EnvGRPOTrainer._play_round, [], pipeline.gather
+
+    def played(self, seeds, group_size, mode, round=0):
+        self.generator.model_only = round == 0
+        episodes = play_round(self, seeds, group_size, mode, round=round)
+        assert round > 0 or all(pipeline.group_is_tied(episodes[i : i + 4], "success") for i in range(0, len(episodes), 4))
+        return episodes
+
+    monkeypatch.setattr(EnvGRPOTrainer, "_play_round", played)
+    monkeypatch.setattr(pipeline, "gather", lambda local, **kw: gathered.append((list(local), kw)) or real(local, **kw))
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    config = _config(tmp_path, dynamic_sampling_rounds=3, tied_by="success", max_turns=8, groups_per_step=4, per_device_train_batch_size=16)
+    trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=FirstRoundLoses(model, tokenizer))
+    first_seeds = []
+    monkeypatch.setattr(trainer, "_refill_tied", lambda local, inputs, size: first_seeds.append([t.seed for t in local]) or
+                        EnvGRPOTrainer._refill_tied(trainer, local, inputs, size))
+    trainer.train()
+    log = {key: [entry[key] for entry in trainer.state.log_history if key in entry]
+           for key in ("dynamic/rounds", "dynamic/tied_first", "dynamic/tied_left", "dynamic/success_first", "env/kept_fraction")}
+    assert log == {"dynamic/rounds": [2.0, 2.0], "dynamic/tied_first": [1.0, 1.0], "dynamic/tied_left": [0.0, 0.0],
+                   "dynamic/success_first": [0.0, 0.0], "env/kept_fraction": [1.0, 1.0]}
+    for (local, kw), seeds in zip(gathered, first_seeds):
+        assert kw["drop_tied"] and kw["tied_by"] == "success"
+        groups = [local[i : i + 4] for i in range(0, 16, 4)]
+        assert not any(pipeline.group_is_tied(group, "success") for group in groups)
+        assert all(len({t.seed for t in group}) == 1 for group in groups) and [t.seed for t in local] != seeds
+
+
 def test_token_advantages_give_each_turn_its_own_value(tokenizer_free_trajectories):
     trajectories, samples = tokenizer_free_trajectories
     per_turn = [np.arange(t.num_turns, dtype=float) + 10 * i for i, t in enumerate(trajectories)]

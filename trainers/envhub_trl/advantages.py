@@ -158,6 +158,7 @@ def select_groups(
     drop_tied: bool = False,
     keep_fraction: float = 1.0,
     variance_share: float = 1.0,
+    tie_values: np.ndarray | None = None,
     eps: float = 1e-8,
 ) -> np.ndarray:
     """Which trajectories a filtered batch keeps, group by group (RAGEN's StarPO-S filter and
@@ -167,7 +168,8 @@ def select_groups(
         returns: shape ``(n_traj,)``, each trajectory's return.
         groups: shape ``(n_traj,)``, its env group.
         drop_tied: drop every group whose returns all tie (within ``eps``): they carry no
-            episode-level signal.
+            episode-level signal. With ``tie_values`` (per trajectory, e.g. 1.0 for a success),
+            those are compared instead.
         keep_fraction: keep the ``ceil(keep_fraction * n_groups)`` groups with the largest return
             std (ties broken by group label), after ``drop_tied``.
         variance_share: keep the groups of largest return variance that together hold this share
@@ -190,7 +192,12 @@ def select_groups(
     std = np.sqrt(np.bincount(labels, weights=(returns - mean[labels]) ** 2) / counts)
     keep = np.ones(len(labels_of), dtype=bool)
     if drop_tied:
-        keep &= std > eps
+        if tie_values is None:
+            keep &= std > eps
+        else:
+            values = np.asarray(tie_values, dtype=np.float64)
+            value_mean = np.bincount(labels, weights=values) / counts
+            keep &= np.bincount(labels, weights=(values - value_mean[labels]) ** 2) / counts > eps**2
     # Both other filters keep a head of one ranking: by std (so by variance) descending, then label.
     order = np.lexsort((np.arange(len(labels_of)), -std))
     taken = len(labels_of)

@@ -78,13 +78,14 @@ class AgentRollouts:
             self._server = ProxyServer(proxy).start()
         return self._server
 
-    def play(self, trainer: EnvGRPOTrainer, seeds: Sequence[int], group_size: int) -> tuple[list[Trajectory], AgentBatch]:
+    def play(self, trainer: EnvGRPOTrainer, seeds: Sequence[int], group_size: int, round: int = 0) -> tuple[list[Trajectory], AgentBatch]:
         """The episodes of one generation batch, whose rows hold task indices ``seeds`` (each group's
-        ``group_size`` rows one index), and the batch's sessions."""
+        ``group_size`` rows one index), and the batch's sessions; ``round`` > 0 names a further
+        round of the same step (dynamic sampling), whose sessions and samples are its own."""
         tasks = [self.tasks[int(seed) % len(self.tasks)] for seed in seeds[::group_size]]
         server = self.server(trainer)
         with trainer.generator_lock:
-            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline, batch=self._name(f"step{trainer.state.global_step}"),
+            batch = play_agents(self.agent, tasks, group_size, server, deadline=self.deadline, batch=self._name(f"step{trainer.state.global_step}" + (f"r{round}" if round else "")),
                                 processes=self.processes)
         trajectories = batch.trajectories()
         for trajectory, seed in zip(trajectories, np.repeat(seeds[::group_size], group_size)):

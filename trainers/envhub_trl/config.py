@@ -32,7 +32,10 @@ Advantages:
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S), ``keep_group_variance_share`` (keep
-    the groups that hold the top share of the batch's return variance, RAGEN-2's top-p filter).
+    the groups that hold the top share of the batch's return variance, RAGEN-2's top-p filter);
+    ``dynamic_sampling_rounds`` (DAPO's dynamic sampling: tied groups replaced by groups played on
+    new seeds, up to that many rounds of play a batch) and ``tied_by`` (what a tied group ties on:
+    ``return`` or ``success``).
 Failing environments:
     ``max_env_error_rate`` (an env that raises ends its episode alone, which is left out of the
     batch; the run stops when more of a batch's episodes fail), ``nonfinite_rewards`` (``refuse``
@@ -360,6 +363,21 @@ class EnvGRPOConfig(GRPOConfig):
         metadata={
             "help": "Keep the groups of largest return variance that together hold this share of the batch's summed "
             "variance (RAGEN-2's top-p filter; tied groups go once it is below 1); 1.0 keeps all."
+        },
+    )
+    dynamic_sampling_rounds: int = field(
+        default=1,
+        metadata={
+            "help": "DAPO's dynamic sampling (verl's filter_groups): play up to this many rounds a training batch, each tied "
+            "group replaced by the next untied group of a round played on new training seeds; groups still tied after the "
+            "last round are dropped from the loss. 1: off."
+        },
+    )
+    tied_by: str = field(
+        default="return",
+        metadata={
+            "help": "What a tied group ties on, for filter_tied_groups and dynamic_sampling_rounds: `return` (the episode "
+            "returns) or `success` (a group that differs by format penalties alone is tied; verl's filter_groups.metric: acc)."
         },
     )
     max_env_error_rate: float = field(

@@ -21,6 +21,7 @@ from envhub_trl.estimators import ESTIMATORS, NORM_SCOPES, STEP_ANCHORS
 from envhub_trl.generators import BACKENDS
 from envhub_trl.inherited import check_inherited
 from envhub_trl.mix import EnvEntry, parse_envs
+from envhub_trl.pipeline import TIED_BY
 from envhub_trl.trackers import check_trackers
 
 #: The prompt settings' defaults, which the config's flat prompt fields take (declared once, in PromptSettings).
@@ -78,6 +79,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "cliprange_value": POSITIVE,
     "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
     "keep_group_variance_share": Bounds(low=0, high=1, low_open=True),
+    "dynamic_sampling_rounds": AT_LEAST_ONE,
     "max_env_error_rate": UNIT,
     "beta": NON_NEGATIVE,
     "epsilon": NON_NEGATIVE,
@@ -181,6 +183,10 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {c.rollout_mode!r}")
     if c.rollout_mode == "async" and (served(c.generator) or c.curriculum is not None):
         raise ValueError("rollout_mode='async' plays with the hf or vllm generator and without a curriculum (its stage moves with training steps)")
+    if c.tied_by not in TIED_BY:
+        raise ValueError(f"tied_by must be one of {TIED_BY}, got {c.tied_by!r}")
+    if c.dynamic_sampling_rounds > 1 and c.rollout_mode == "async":
+        raise ValueError("dynamic_sampling_rounds replays a batch's tied groups before training on it; rollout_mode='async' plays ahead: use one of them")
     if c.ratio_type not in RATIO_TYPES:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):

@@ -140,6 +140,7 @@ def gather(
     process_index: int = 0,
     collect: Collect = _alone,
     drop_tied: bool = False,
+    tied_by: str = "return",
     keep_fraction: float = 1.0,
     variance_share: float = 1.0,
     max_error_rate: float = 0.5,
@@ -151,7 +152,7 @@ def gather(
     (:func:`~envhub_trl.pipeline.screen`; their group goes on with the members left, as a
     smaller group: one left alone, or tied, gets advantage 0 and is dropped with ``drop_tied``),
     and the group filter (RAGEN's, :func:`~envhub_trl.advantages.select_groups`) marks the groups
-    it drops.
+    it drops. ``tied_by`` (``"return"`` or ``"success"``) says what ``drop_tied`` compares.
 
     Raises:
         envhub_trl.pipeline.RolloutError: for an episode without a turn whose env did not fail,
@@ -167,9 +168,68 @@ def gather(
     episodes = [set_aside(t, len(episodes) + i) if out else t for i, (t, out) in enumerate(zip(episodes, aside))]
     turns = TurnBatch.from_trajectories(episodes)
     keep = select_groups(
-        turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction, variance_share=variance_share
+        turns.returns, turns.traj_groups, drop_tied=drop_tied, keep_fraction=keep_fraction, variance_share=variance_share,
+        tie_values=None if tied_by == "return" else tie_values(episodes, tied_by),
     ) & ~aside
     return GenerationBatch(local=tuple(own), episodes=tuple(episodes), turns=turns, keep=keep, aside=aside)
+
+
+#: What makes a group tied (``tied_by``): its members' returns, or their successes (DAPO's and
+#: verl's ``filter_groups.metric: acc``: a group that differs by format penalties alone is tied).
+TIED_BY = ("return", "success")
+
+
+def tie_values(episodes: Sequence[Trajectory], tied_by: str = "return") -> np.ndarray:
+    """Per episode, what ``tied_by`` compares within a group: its return, or 1.0 for a success."""
+    if tied_by not in TIED_BY:
+        raise ValueError(f"tied_by must be one of {TIED_BY}, got {tied_by!r}")
+    if tied_by == "success":
+        return np.array([float(t.success) for t in episodes], dtype=np.float64)
+    return np.array([t.episode_return for t in episodes], dtype=np.float64)
+
+
+def group_is_tied(group: Sequence[Trajectory], tied_by: str = "return", eps: float = 1e-8) -> bool:
+    """Whether every member of ``group`` has the same return (or success): a group GRPO learns nothing from."""
+    return bool(np.std(tie_values(group, tied_by)) <= eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refill:
+    """What :func:`refill_tied` did: the rounds of play it took (the first included), how many of
+    the batch's groups were tied in the first round and how many are tied still, and the first
+    round's success rate (the policy's own, before any group was chosen)."""
+
+    rounds: int
+    tied_first: int
+    tied_left: int
+    success_first: float
+
+
+def refill_tied(
+    first: Sequence[Trajectory], more: Iterator[Sequence[Trajectory]], *, group_size: int, rounds: int, tied_by: str = "return"
+) -> tuple[list[Trajectory], Refill]:
+    """DAPO's dynamic sampling: the tied groups of ``first`` replaced by untied ones played since.
+
+    ``first`` holds whole groups of ``group_size`` episodes in order; ``more`` plays a further
+    round of as many groups on new seeds each time it is advanced, up to ``rounds`` rounds in all.
+    Each tied group of ``first`` (:func:`group_is_tied`), in order, takes the place of the next
+    untied group of the later rounds; rounds stop once none is tied. Groups still tied after the last
+    round keep their place (the caller drops them from the loss), so the batch's size never changes.
+    """
+    if len(first) % group_size:
+        raise ValueError(f"dynamic sampling needs whole groups: {len(first)} episodes in groups of {group_size}")
+    groups = [list(first[i : i + group_size]) for i in range(0, len(first), group_size)]
+    tied = [i for i, group in enumerate(groups) if group_is_tied(group, tied_by)]
+    tied_first, played = len(tied), 1
+    while tied and played < rounds:
+        episodes = next(more)
+        played += 1
+        for i in range(0, len(episodes) - group_size + 1, group_size):
+            group = list(episodes[i : i + group_size])
+            if tied and not group_is_tied(group, tied_by):
+                groups[tied.pop(0)] = group
+    success_first = float(np.mean([t.success for t in first])) if first else 0.0
+    return [t for group in groups for t in group], Refill(rounds=played, tied_first=tied_first, tied_left=len(tied), success_first=success_first)
 
 
 def check_has_turns(trajectory: Trajectory) -> None:

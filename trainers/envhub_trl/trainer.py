@@ -19,11 +19,12 @@ the manager and the generator, then goes through the plain stages of :mod:`envhu
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,12 +238,49 @@ class EnvGRPOTrainer(TRLBridge):
             self._managers[owner] = (manager, key)
         return manager, seeds[::size]
 
-    def training_sampling(self, batch: int | None = None) -> SamplingParams:
-        """Training's sampling, seeded by the step (or, for the async producer, by its batch index)."""
+    def training_sampling(self, batch: int | None = None, round: int = 0) -> SamplingParams:
+        """Training's sampling, seeded by the step (or, for the async producer, by its batch index);
+        ``round`` > 0: a further round of the step (dynamic sampling)."""
         index = self.accelerator.process_index
         position = [self.state.global_step, index, self.micro_step] if batch is None else [batch, index, 1 << 20]
+        position += [round] if round else []
         seed = np.random.SeedSequence([self.args.seed, *position])
         return self.args.sampling(self.args.temperature, int(seed.generate_state(1)[0] & 0x3FFFFFFF))
+
+    def _play_round(self, seeds: list[int], group_size: int, mode: str, round: int = 0) -> list[Trajectory]:
+        """One round of episodes on ``seeds`` (the agents', or a manager's played by the generator),
+        its rollout figures logged; ``round`` > 0 is a further round of the same step, sampled apart."""
+        if self.agents is not None:
+            trajectories, stats = self.agents.play(self, seeds, group_size, round=round)
+        else:
+            manager, reset_seeds = self.manager_for(seeds, group_size)
+            play_mode = "lockstep" if self.args.rollout_mode == "lockstep" else "continuous"
+            with self.generator_lock:
+                trajectories, stats = pipeline.play(manager, self.generator, self.training_sampling(round=round), seeds=reset_seeds, mode=play_mode)
+        self.log_metrics(mode, stats.metrics())
+        return trajectories
+
+    def _refill_tied(self, trajectories: list[Trajectory], inputs: list[dict[str, Any]], group_size: int) -> tuple[list[Trajectory], list[dict[str, Any]]]:
+        """DAPO's dynamic sampling (:func:`~envhub_trl.pipeline.refill_tied`): this process's tied
+        groups replaced by untied ones from further rounds on training seeds drawn from the step,
+        so a resumed run draws the same; ``inputs`` relabelled with the seeds played. Logs
+        ``dynamic/rounds``, ``dynamic/tied_first`` (the share of groups tied in the first round),
+        ``dynamic/tied_left`` (dropped from the loss) and ``dynamic/success_first`` (the first
+        round's success rate: ``env/`` figures are the filled batch's)."""
+        args = self.args
+        groups = len(trajectories) // group_size
+        rng = np.random.default_rng(np.random.SeedSequence([args.seed, self.state.global_step, self.accelerator.process_index, 1 << 21]))
+
+        def rounds() -> Iterator[list[Trajectory]]:
+            for n in itertools.count(1):
+                seeds = np.repeat(rng.integers(0, args.num_train_seeds, groups), group_size).tolist()
+                yield self._play_round(seeds, group_size, "train", round=n)
+
+        filled, refill = pipeline.refill_tied(trajectories, rounds(), group_size=group_size, rounds=args.dynamic_sampling_rounds, tied_by=args.tied_by)
+        self.log_metrics("train", {"dynamic/rounds": float(refill.rounds), "dynamic/tied_first": refill.tied_first / max(groups, 1),
+                                   "dynamic/tied_left": refill.tied_left / max(groups, 1), "dynamic/success_first": refill.success_first})
+        inputs = [row if int(row["env_seed"]) == t.seed else {**row, "env_seed": t.seed, "prompt": f"env seed {t.seed}"} for row, t in zip(inputs, filled)]
+        return filled, inputs
 
     # ------------------------------------------------------------------ the stages
 
@@ -255,19 +293,17 @@ class EnvGRPOTrainer(TRLBridge):
         if self.curriculum is not None:
             self.curriculum.restore_from_log(self.state.log_history)
         staleness = None
-        if self.agents is not None:
-            trajectories, stats = self.agents.play(self, self._batch_seeds, group_size)
-        elif args.rollout_mode == "async" and mode == "train":
+        if args.rollout_mode == "async" and mode == "train" and self.agents is None:
             trajectories, stats, staleness = self._async_batch(len(inputs), group_size)
+            self.log_metrics(mode, stats.metrics())
         else:
-            manager, reset_seeds = self.manager_for(self._batch_seeds, group_size)
-            play_mode = "lockstep" if args.rollout_mode == "lockstep" else "continuous"
-            with self.generator_lock:
-                trajectories, stats = pipeline.play(manager, self.generator, self.training_sampling(), seeds=reset_seeds, mode=play_mode)
-        self.log_metrics(mode, stats.metrics())
+            trajectories = self._play_round(self._batch_seeds, group_size, mode)
+        refilling = mode == "train" and args.dynamic_sampling_rounds > 1
+        if refilling:
+            trajectories, inputs = self._refill_tied(trajectories, inputs, group_size)
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
-            drop_tied=args.filter_tied_groups, keep_fraction=args.keep_group_fraction,
+            drop_tied=args.filter_tied_groups or refilling, tied_by=args.tied_by, keep_fraction=args.keep_group_fraction,
             variance_share=args.keep_group_variance_share,
             max_error_rate=args.max_env_error_rate, nonfinite_rewards=args.nonfinite_rewards,
         )
