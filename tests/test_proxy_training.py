@@ -62,6 +62,32 @@ def test_an_agents_sessions_are_what_the_loss_trains_on(tmp_path):
     assert logged and all(entry["agent/calls_per_session"] == 2 for entry in logged)
 
 
+def flat_on_even(base_url: str, api_key: str, task: dict) -> float:
+    """``chatty``, whose reward is 1.0 whatever it replies on tasks of even seed: those groups tie."""
+    reward = chatty(base_url, api_key, task)
+    return 1.0 if task["seed"] % 2 == 0 else reward
+
+
+def test_dynamic_sampling_replays_an_agents_tied_groups_as_sessions_of_their_own(tmp_path):
+    from transformers import AutoModelForCausalLM
+    from trl_helpers import lake_config, save_tiny_lake_model
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = save_tiny_lake_model(tmp_path / "tiny")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    config = lake_config(tmp_path / "run", groups_per_step=2, group_size=4, per_device_train_batch_size=8, dynamic_sampling_rounds=8)
+    trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, agent=flat_on_even, tasks=[{"seed": s} for s in range(4)])
+    rounds, play = [], trainer.agents.play
+    trainer.agents.play = lambda *a, **kw: (lambda result: (rounds.append((kw.get("round", 0), result[1])), result)[1])(play(*a, **kw))
+    trainer.train()
+    sessions = [session.session_id for _, batch in rounds for group in batch.sessions for session in group]
+    assert len(sessions) == len(set(sessions)) == 8 * len(rounds)  # a further round's sessions are its own
+    assert max(r for r, _ in rounds) >= 1
+    logged = [entry for entry in trainer.state.log_history if "dynamic/tied_left" in entry]
+    assert len(logged) == 2 and all(entry["dynamic/tied_left"] == 0.0 and entry["env/kept_fraction"] == 1.0 for entry in logged)
+
+
 def test_envhub_train_agent_runs_and_reports(tmp_path):
     from envhub.cli import cli
 
