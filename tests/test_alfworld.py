@@ -92,6 +92,39 @@ def test_a_command_outside_the_admissible_ones_is_invalid_and_changes_nothing():
         assert observation.startswith("Invalid action:") and info["state_key"] == key
 
 
+def _planner_copies():
+    """The copies of Fast Downward's library this process has mapped (each a deleted temporary file)."""
+    return len({line.split()[5] for line in Path("/proc/self/maps").read_text().splitlines() if "libdownward" in line})
+
+
+def _planner_episode(env, seed):
+    observation, _ = env.reset(seed=seed)
+    seen = [observation]
+    while (action := env.expert_action()) is not None:
+        seen.append(env.step(action)[0])
+    return seen
+
+
+def test_resets_and_later_envs_reuse_the_planners_library_copies_and_play_the_same_episodes():
+    """Each PddlEnv maps its own 34 MB copy of the planner's library, whose disk space stays held
+    until the process ends: one a reset filled /tmp in an RL run. Resets reuse their env's copy, and
+    a closed env's copy goes to the next env, which plays each episode as a fresh one does."""
+    envs = [envhub.make(GENERATED) for _ in range(2)]
+    first = [_planner_episode(env, seed) for env, seed in zip(envs, (3, 4))]
+    held = _planner_copies()
+    for env in envs:
+        for seed in range(3):
+            env.reset(seed=seed)
+    assert _planner_copies() == held
+    for env in envs:
+        env.close()
+    again = [envhub.make(GENERATED) for _ in range(2)]
+    assert [_planner_episode(env, seed) for env, seed in zip(again, (3, 4))] == first
+    assert _planner_copies() == held
+    for env in again:
+        env.close()
+
+
 def test_the_state_key_repeats_when_the_world_does():
     env = envhub.make(GENERATED)
     _, info = env.reset(seed=7)

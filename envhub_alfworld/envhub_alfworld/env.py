@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -161,13 +162,12 @@ class ALFWorldEnv(TextEnv):
             self.task_name = f"generated/{seed}"
         self.task_type = traj_data["task_type"]
         self.pddl_problem = data["pddl_problem"]
-        if self._game is not None:
-            self._game.close()
-        self._game = AlfredDemangler(_pddl_env_class()(self._infos))
+        if self._game is None:  # one PddlEnv for every game this env plays, as TextWorld's gym env loads them
+            self._game = AlfredDemangler(_pddl_env_class()(self._infos))
         try:
             self._game.load(data)
         except Exception as exc:  # the PDDL parser's and the planner's errors have no common base
-            self._game = None
+            self.close()
             raise AdapterError(f"ALFWorld game {self.task_name} does not load: {type(exc).__name__}: {str(exc)[:200]}") from None
         self._state = self._game.reset()
         self._at = None
@@ -233,10 +233,10 @@ class ALFWorldEnv(TextEnv):
         return "" if self._state is None else str(self._state.feedback)
 
     def close(self) -> None:
-        """Close the game being played."""
+        """Close the game being played (its planner's library goes back to the pool)."""
         if self._game is not None:
-            self._game.close()
-            self._game = None
+            game, self._game = self._game, None
+            game.close()
 
     # ------------------------------------------------------------------ the searching planner
 
@@ -310,6 +310,32 @@ def _fetches(plan: list[str]) -> bool:
     return False
 
 
+class _LibraryPool:
+    """Fast Downward's library, loaded once per env alive at a time and reused.
+
+    Each ``PddlEnv`` loads its own copy of the 34 MB library (its state is global to the copy), from
+    a temporary file deleted at once; the copy stays mapped, so its disk space is held until the
+    process ends: ``dlclose`` does not unload it. A new ``PddlEnv`` per game filled 68 GB of /tmp in
+    a 20-step RL run. A closed env's copy comes here, and the next env takes it, so a process holds
+    as many copies as it ever had envs open at once.
+    """
+
+    def __init__(self) -> None:
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        with self._lock:
+            return self._free.pop() if self._free else None
+
+    def give_back(self, lib: Any) -> None:
+        with self._lock:
+            self._free.append(lib)
+
+
+_planner_libraries = _LibraryPool()
+
+
 @functools.lru_cache(maxsize=1)
 def _pddl_env_class() -> type:
     """TextWorld's ``PddlEnv``, with a first ``reset`` after ``load`` that plays the state ``load``
@@ -321,6 +347,20 @@ def _pddl_env_class() -> type:
 
     class OnceTranslatedPddlEnv(PddlEnv):
         _loaded_state: Any = None
+
+        def __init__(self, infos: Any = None) -> None:
+            lib = _planner_libraries.take()
+            if lib is None:
+                super().__init__(infos)  # loads a copy of the library
+            else:
+                super(PddlEnv, self).__init__(infos)
+                self.downward_lib = lib
+
+        def close(self) -> None:
+            super().close()
+            lib, self.downward_lib = getattr(self, "downward_lib", None), None
+            if lib is not None:
+                _planner_libraries.give_back(lib)
 
         def load(self, filename_or_data: Any) -> None:
             super().load(filename_or_data)
