@@ -186,18 +186,17 @@ def select_groups(
         raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
     if not 0.0 < variance_share <= 1.0:
         raise ValueError(f"variance_share must be in (0, 1], got {variance_share}")
-    returns = np.asarray(returns, dtype=np.float64)
     labels_of, labels, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    mean = np.bincount(labels, weights=returns) / counts
-    std = np.sqrt(np.bincount(labels, weights=(returns - mean[labels]) ** 2) / counts)
+
+    def group_std(values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        mean = np.bincount(labels, weights=values) / counts
+        return np.sqrt(np.bincount(labels, weights=(values - mean[labels]) ** 2) / counts)
+
+    std = group_std(returns)
     keep = np.ones(len(labels_of), dtype=bool)
     if drop_tied:
-        if tie_values is None:
-            keep &= std > eps
-        else:
-            values = np.asarray(tie_values, dtype=np.float64)
-            value_mean = np.bincount(labels, weights=values) / counts
-            keep &= np.bincount(labels, weights=(values - value_mean[labels]) ** 2) / counts > eps**2
+        keep &= (std if tie_values is None else group_std(tie_values)) > eps
     # Both other filters keep a head of one ranking: by std (so by variance) descending, then label.
     order = np.lexsort((np.arange(len(labels_of)), -std))
     taken = len(labels_of)
