@@ -132,6 +132,76 @@ def test_dynamic_sampling_trains_on_untied_groups_replayed_in_the_tied_ones_plac
         assert all(len({t.seed for t in group}) == 1 for group in groups) and [t.seed for t in local] != seeds
 
 
+def test_a_zero_gradient_step_leaves_adams_weights_alone_and_the_schedule_goes_on():
+    """Adam moves the weights on a zero gradient by its moments; the skip holds them, logs each
+    step, still steps on a NaN gradient, and stays a bound method under torch's LR scheduler."""
+    from envhub_trl.trainer import skip_zero_gradient_steps
+
+    def steps(skip: bool):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.AdamW(layer.parameters(), lr=0.1)
+        seen: list[bool] = []
+        if skip:
+            skip_zero_gradient_steps(optimizer, seen.append)
+            skip_zero_gradient_steps(optimizer, seen.append)  # twice: once in place
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+        weights = []
+        for scale in (1.0, 0.0, 0.0):
+            layer(torch.ones(1, 3)).sum().mul(scale).backward()
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=False)
+            weights.append(layer.weight.detach().clone())
+        return weights, seen, schedule.get_last_lr()[0]
+
+    plain, _, _ = steps(skip=False)
+    held, seen, lr = steps(skip=True)
+    assert torch.equal(plain[0], held[0]) and not torch.equal(plain[0], plain[2])  # Adam drifts on zero gradients
+    assert torch.equal(held[0], held[1]) and torch.equal(held[0], held[2])
+    assert seen == [False, True, True] and lr == pytest.approx(0.1 / 4)
+
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    skip_zero_gradient_steps(optimizer, seen.append)
+    layer(torch.ones(1, 3)).sum().mul(float("nan")).backward()
+    optimizer.step()
+    assert seen[-1] is False and torch.isnan(layer.weight).all()
+
+
+def test_a_step_that_keeps_no_group_takes_no_optimizer_step(tiny, tmp_path, monkeypatch):
+    """filter_tied_groups with skip_zero_gradient_steps: the first step trains on the half-expert's
+    untied groups, the second's groups all tie (the model alone plays, and loses) and are dropped,
+    so its gradient is zero and the weights stay as the first step left them."""
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    class SecondStepLoses(HalfExpert):
+        def generate(self, prompts, sampling):
+            return self.hf.generate(prompts, sampling) if trainer.state.global_step == 1 else super().generate(prompts, sampling)
+
+    class Weights(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            after.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    path, tokenizer = tiny
+    runs = {}
+    for skip in (True, False):
+        after = []
+        model = AutoModelForCausalLM.from_pretrained(path)
+        config = _config(tmp_path / str(skip), filter_tied_groups=True, skip_zero_gradient_steps=skip, max_turns=8)
+        trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=SecondStepLoses(model, tokenizer), callbacks=[Weights()])
+        trainer.train()
+        log = {key: [entry[key] for entry in trainer.state.log_history if key in entry] for key in ("env/kept_fraction", "optimizer/skipped", "grad_norm")}
+        runs[skip] = after, log
+    (held, log), (drifted, plain) = runs[True], runs[False]
+    assert log["env/kept_fraction"] == plain["env/kept_fraction"] == [1.0, 0.0] and log["grad_norm"][1] == 0.0
+    assert log["optimizer/skipped"] == [0.0, 1.0] and plain["optimizer/skipped"] == []
+    assert all(torch.equal(held[0][k], held[1][k]) for k in held[0])
+    assert any(not torch.equal(drifted[0][k], drifted[1][k]) for k in drifted[0])
+
+
 def test_token_advantages_give_each_turn_its_own_value(tokenizer_free_trajectories):
     trajectories, samples = tokenizer_free_trajectories
     per_turn = [np.arange(t.num_turns, dtype=float) + 10 * i for i, t in enumerate(trajectories)]

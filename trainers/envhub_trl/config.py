@@ -35,7 +35,8 @@ Group filtering:
     the groups that hold the top share of the batch's return variance, RAGEN-2's top-p filter);
     ``dynamic_sampling_rounds`` (DAPO's dynamic sampling: tied groups replaced by groups played on
     new seeds, up to that many rounds of play a batch) and ``tied_by`` (what a tied group ties on:
-    ``return`` or ``success``).
+    ``return`` or ``success``); ``skip_zero_gradient_steps`` (no optimiser step where the gradient is
+    exactly zero, as where a step kept no group).
 Failing environments:
     ``max_env_error_rate`` (an env that raises ends its episode alone, which is left out of the
     batch; the run stops when more of a batch's episodes fail), ``nonfinite_rewards`` (``refuse``
@@ -378,6 +379,14 @@ class EnvGRPOConfig(GRPOConfig):
         metadata={
             "help": "What a tied group ties on, for filter_tied_groups and dynamic_sampling_rounds: `return` (the episode "
             "returns) or `success` (a group that differs by format penalties alone is tied; verl's filter_groups.metric: acc)."
+        },
+    )
+    skip_zero_gradient_steps: bool = field(
+        default=False,
+        metadata={
+            "help": "Take no optimiser step where the step's gradient is exactly zero (a step whose groups were all dropped, "
+            "by filter_tied_groups or dynamic_sampling_rounds): Adam's moments would otherwise move the weights on no data. "
+            "The schedule still advances; logs optimizer/skipped."
         },
     )
     max_env_error_rate: float = field(

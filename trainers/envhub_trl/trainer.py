@@ -23,6 +23,7 @@ import itertools
 import math
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -430,6 +431,8 @@ class EnvGRPOTrainer(TRLBridge):
             held = {id(p) for group in optimizer.param_groups for p in group["params"]}
             if not any(id(p) in held for p in self.value_head.parameters()):
                 optimizer.add_param_group({"params": list(self.value_head.parameters()), "weight_decay": 0.0})
+        if self.args.skip_zero_gradient_steps:
+            skip_zero_gradient_steps(optimizer, lambda skipped: self.log_metrics("train", {"optimizer/skipped": float(skipped)}))
         return optimizer
 
     # ------------------------------------------------------------------ checkpoints
@@ -502,3 +505,27 @@ class EnvGRPOTrainer(TRLBridge):
         with self.generator_lock:  # an async producer may be sampling on the same engine
             generator = generator if generator is not None else self.generator
             return evaluate_generator(generator, self.processing_class, settings, seeds, sampling, label=label, members=pass_k)
+
+
+def skip_zero_gradient_steps(optimizer: torch.optim.Optimizer, on_step: Callable[[bool], None]) -> None:
+    """Make ``optimizer.step`` do nothing where every gradient it holds is exactly zero (or none),
+    calling ``on_step(skipped)`` at each step.
+
+    A step whose batch kept no group (``filter_tied_groups``, dynamic sampling) has a zero
+    gradient, and Adam still moves the weights by its moments (and counts the step in its bias
+    correction): the last steps' gradients go on being applied with nothing to say they should.
+    The gradients are read after the Trainer's all-reduce and clipping, so every process decides
+    alike. A NaN is not zero, so a NaN gradient is not hidden here. The step stays a bound method,
+    as torch's LR schedulers, which wrap it, require.
+    """
+    if getattr(optimizer.step, "skips_zero_gradients", False):
+        return  # a second train() on the same trainer: already in place
+
+    def step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        skipped = not grads or not bool(torch.stack([g.ne(0).any() for g in grads]).any())
+        on_step(skipped)
+        return None if skipped else type(self).step(self, closure)
+
+    step.skips_zero_gradients = True  # type: ignore[attr-defined]
+    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
