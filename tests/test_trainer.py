@@ -88,6 +88,16 @@ def test_config_bounds_dynamic_sampling_and_names_what_ties(tmp_path):
         _config(tmp_path, dynamic_sampling_rounds=2, rollout_mode="async")
 
 
+def test_config_refuses_dynamic_sampling_where_a_process_would_hold_part_of_a_group(tmp_path, monkeypatch):
+    """Three groups of 4 over two processes: 6 episodes each, so a group straddles them."""
+    monkeypatch.setattr(EnvGRPOConfig, "world_size", property(lambda self: 2))
+    straddling = dict(groups_per_step=3, group_size=4, per_device_train_batch_size=6)
+    _config(tmp_path, **straddling)  # without dynamic sampling a straddling group is normalised across processes
+    with pytest.raises(ValueError, match="each of the 2 processes holds 6 episodes .* multiple of the number of processes"):
+        _config(tmp_path, dynamic_sampling_rounds=2, **straddling)
+    _config(tmp_path, dynamic_sampling_rounds=2, groups_per_step=4, group_size=4, per_device_train_batch_size=8)
+
+
 def test_dynamic_sampling_trains_on_untied_groups_replayed_in_the_tied_ones_places(tiny, tmp_path, monkeypatch):
     """DAPO's dynamic sampling in the trainer: a first round in which every group ties (the untrained
     model alone plays it, and loses) is replaced group by group by a second round on new training

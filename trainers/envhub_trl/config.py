@@ -71,6 +71,7 @@ from envhub_trl.config_checks import (  # noqa: F401  (FIELD_BOUNDS is read from
     PROMPT_DEFAULTS,
     check_completion_length,
     check_rules,
+    check_whole_groups,
     pick_device_defaults,
     resolve_aliases,
     set_generation_batch,
@@ -555,4 +556,5 @@ class EnvGRPOConfig(GRPOConfig):
         set_generation_batch(self)
         pick_device_defaults(self)
         super().__post_init__()
+        check_whole_groups(self)
         check_completion_length(self)

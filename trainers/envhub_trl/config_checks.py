@@ -261,6 +261,18 @@ def set_generation_batch(c: Any) -> None:
     c.generation_batch_size = batch
 
 
+def check_whole_groups(c: Any) -> None:
+    """Dynamic sampling replays a process's tied groups whole, so each process's share of the
+    generation batch must hold whole groups (known once TRL has set the batch from the processes)."""
+    rows = c.generation_batch_size // c.world_size
+    if c.dynamic_sampling_rounds > 1 and rows % c.num_generations:
+        raise ValueError(
+            f"dynamic_sampling_rounds replays whole groups on each process, and each of the {c.world_size} processes holds "
+            f"{rows} episodes of the generation batch, not a multiple of group_size={c.num_generations}: make groups_per_step a "
+            f"multiple of the number of processes"
+        )
+
+
 def pick_device_defaults(c: Any) -> None:
     """CPU or accelerator, and bf16 or fp32, from the machine when the config leaves them unset.
 
