@@ -54,10 +54,11 @@ def main() -> None:
     sessions = []
     for task, (session,) in zip(tasks, batch.sessions):
         words = [reply_word(call.choices[0]) for call in session.calls]
-        sessions.append({"task": task, "reward": session.reward, "error": session.error, "replies": words})
-        print(f"{json.dumps(task):>24}  reward {session.reward if session.reward is not None else 'none':>5}  {' '.join(words)}")
+        reward = session.episode_return()
+        sessions.append({"task": task, "reward": reward, "won": session.won(), "error": session.error, "replies": words})
+        print(f"{json.dumps(task):>24}  reward {reward if reward is not None else 'none':>5}  {' '.join(words)}")
     routes = collections.Counter(" ".join(s["replies"]) for s in sessions)
-    won = sum((s["reward"] or 0) > 0 for s in sessions)
+    won = sum(s["won"] for s in sessions)
     print(f"{len(sessions)} sessions, {won} won; {len(routes)} distinct reply sequences, the commonest played {routes.most_common(1)[0][1]} times")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"model": options.model, "agent": options.agent, "tasks": options.tasks,

@@ -288,26 +288,3 @@ def test_a_random_tool_caller_behind_the_proxy_calls_the_tool_that_tool_choice_n
                 "tool_choice": {"type": "function", "function": {"name": "door"}}}
         call = proxy.complete(body, f"named-{k}")["choices"][0]["message"]["tool_calls"][0]["function"]
         assert call["name"] == "door" and json.loads(call["arguments"])["on"] in (True, False)
-
-
-def test_the_countdown_example_agent_gets_the_envs_reward(server):
-    import envhub
-    from envhub_trl.proxy.agents import load_agent
-
-    env = envhub.make("tools/Countdown-v0")
-    env.reset(seed=2)
-    solution = json.loads(env.expert_action())["arguments"]["expression"]
-    calls = [
-        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "%s"}}\n</tool_call>' % solution,
-        '<tool_call>\n{"name": "submit", "arguments": {"expression": "%s"}}\n</tool_call>' % solution,
-    ]
-    tokenizer = server.proxy.tokenizer
-    scripted = ExpertMoves(tokenizer, [])
-    scripted.replies = calls
-    with ProxyServer(ChatProxy(scripted, tokenizer, model="*")) as countdown:
-        batch = play_agents(load_agent("examples/agents/countdown_tools.py:play"), [2], 1, countdown)
-    session = batch.sessions[0][0]
-    env.reset(seed=2)
-    expected = sum(env.step(json.dumps({"name": name, "arguments": {"expression": solution}}))[1] for name in ("calculate", "submit"))
-    assert session.error is None and expected > 0 and session.reward == pytest.approx(expected)
-    assert len(session.calls) == 2 and session.breaks == 0

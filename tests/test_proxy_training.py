@@ -116,7 +116,9 @@ def test_envhub_train_agent_learns_the_tool_format_from_a_random_caller_first(tm
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"seed": s}) + "\n" for s in range(4)))
     out = tmp_path / "out"
-    common = ["train", "--agent", "examples/agents/frozenlake_openai.py:play", "--tasks", str(tasks), "--output-dir", str(out),
+    # The agent that plays the lake the proxy hosts: the env scores its sessions in the warm start's
+    # random calls, in RL and in the evaluations.
+    common = ["train", "--agent", "examples/agents/frozenlake_openai.py:play_on_proxy", "--tasks", str(tasks), "--output-dir", str(out),
               "max_steps=1", "groups_per_step=1", "group_size=2", "per_device_train_batch_size=2", "eval_episodes=2",
               "use_cpu=true", "report_to=none", "tiny.hidden_size=64", "tiny.num_heads=1", "tiny.num_layers=1"]
     result = CliRunner().invoke(cli, [*common, "warm_start.demonstrator=random", "warm_start.steps=3", "warm_start.episodes=3", "eval_sampled=true"])
@@ -125,6 +127,7 @@ def test_envhub_train_agent_learns_the_tool_format_from_a_random_caller_first(tm
     stages = ["initial model", "after the warm start", "after RL"]
     assert list(results["evaluations"]) == [name for stage in stages for name in (stage, f"{stage}, sampled")]
     assert "3 supervised steps" in results["warm_start"] and results["warm_start_seconds"] > 0
+    assert all(figures["failed"] == 0 for figures in results["evaluations"].values())
     assert "after the warm start" in result.output
     expert = CliRunner().invoke(cli, [*common, "--overwrite", "warm_start.steps=3"])
     assert expert.exit_code == 1 and "format-only" in expert.output

@@ -1,8 +1,10 @@
 """A Countdown agent written with the OpenAI client, playing envhub's Countdown through its own tools.
 
 The env's tools (``calculate``, ``submit``) are handed to the chat API as they are
-(``env.tool_schemas()``); each call the model makes is run in the env, its result goes back as a
-``tool`` message, and the env's reward (paid by ``submit``) is the agent's reward::
+(``env.tool_schemas()``); each call the model makes is run in the env, and its result goes back as a
+``tool`` message. The env is the one the proxy hosts for the agent's session (``ProxyEnv``), so the
+proxy records the env's rewards (paid by ``submit``) on the calls that earned them, and the agent
+returns no reward of its own::
 
     envhub train --agent examples/agents/countdown_tools.py:play --tasks examples/agents/seeds.jsonl --model tiny
 """
@@ -15,23 +17,22 @@ from typing import Any
 
 import openai
 
-import envhub
 from envhub.tools import ToolCall
+from envhub_trl.proxy.client import ProxyEnv
 
 ENV_ID = "tools/Countdown-v0"
 MAX_TURNS = 6
 
 
-def play(base_url: str, api_key: str, task: Any) -> float:
+def play(base_url: str, api_key: str, task: Any) -> None:
     """Solve the puzzle of ``task`` (a seed, or ``{"seed": N}``) through the chat API at
-    ``base_url``; return the env's total reward."""
+    ``base_url``, on the env the proxy hosts; the env's rewards are the session's."""
     seed = int(task["seed"] if isinstance(task, dict) else task)
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    env = envhub.make(ENV_ID)
+    env = ProxyEnv(base_url, api_key, ENV_ID)
     puzzle, _ = env.reset(seed=seed)
     tools = env.tool_schemas()
     messages: list[dict[str, Any]] = [{"role": "system", "content": env.instructions}, {"role": "user", "content": puzzle}]
-    total = 0.0
     for _ in range(MAX_TURNS):
         reply = client.chat.completions.create(model="agent", messages=messages, tools=tools, max_tokens=64).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
@@ -40,14 +41,14 @@ def play(base_url: str, api_key: str, task: Any) -> float:
             continue
         for call in reply.tool_calls:
             action = ToolCall(call.function.name, json.loads(call.function.arguments)).to_json()
-            result, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
+            result, _, terminated, truncated, _ = env.step(action)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             if terminated or truncated:
-                return total
-    return total
+                return None
+    return None
 
 
 if __name__ == "__main__":
     url, seed = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    print(f"reward {play(url, f'countdown-{seed}', seed)}")
+    play(url, f"countdown-{seed}", seed)
+    print(f"played: the session countdown-{seed} and its rewards are at {url}/envhub/sessions/countdown-{seed}")

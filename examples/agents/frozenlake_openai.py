@@ -7,7 +7,10 @@ envhub's proxy, every call it makes is recorded token-exactly and the game's out
     envhub train --agent examples/agents/frozenlake_openai.py:play --tasks examples/agents/seeds.jsonl \
         --eval-tasks examples/agents/held_out.jsonl --model tiny --config examples/agents/frozenlake_openai.yaml
 
-or, to collect its sessions against a model being served::
+``play_on_proxy`` is the same agent playing the lake the proxy hosts for its session, which then
+scores the session itself (``--agent examples/agents/frozenlake_openai.py:play_on_proxy``).
+
+Or, to collect its sessions against a model being served::
 
     envhub proxy --model PATH --served-name '*' --port 8000
     python examples/agents/frozenlake_openai.py http://127.0.0.1:8000/v1 7
@@ -22,6 +25,7 @@ from typing import Any
 import openai
 
 import envhub
+from envhub_trl.proxy.client import ProxyEnv
 
 ENV_ID = "frozenlake/FrozenLakeNotSlippery-v0"
 MAX_TURNS = 8
@@ -57,9 +61,22 @@ def play(base_url: str, api_key: str, task: Any) -> float:
     """Play the lake of ``task`` (a seed, or ``{"seed": N}``) through the chat API at ``base_url``;
     return 1.0 when the agent reaches the goal, else 0.0, less ``INVALID_REPLY_COST`` for each
     reply that was not a move call."""
+    won, invalid = _play(base_url, api_key, task, envhub.make(ENV_ID))
+    return float(won) - INVALID_REPLY_COST * invalid
+
+
+def play_on_proxy(base_url: str, api_key: str, task: Any) -> float:
+    """The same agent on the lake the proxy hosts for its session (``ProxyEnv``): the env's reward
+    (1 at the goal) is recorded by the proxy, on the call whose move earned it, and each call's state
+    key is the env's own (map and position); the agent returns only what its invalid replies cost."""
+    _, invalid = _play(base_url, api_key, task, ProxyEnv(base_url, api_key, ENV_ID))
+    return -INVALID_REPLY_COST * invalid
+
+
+def _play(base_url: str, api_key: str, task: Any, env: Any) -> tuple[bool, int]:
+    """Play one episode of ``env``; return whether the agent won and how many replies were not move calls."""
     seed = int(task["seed"] if isinstance(task, dict) else task)
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    env = envhub.make(ENV_ID)
     board, _ = env.reset(seed=seed)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": f"{env.instructions}\nAct by calling the move tool."},
@@ -78,8 +95,8 @@ def play(base_url: str, api_key: str, task: Any) -> float:
         board, reward, terminated, truncated, info = env.step(direction.capitalize())
         messages.append({"role": "tool", "tool_call_id": call.id, "content": board})
         if terminated or truncated:
-            return (1.0 if info.get("success") else 0.0) - INVALID_REPLY_COST * invalid
-    return -INVALID_REPLY_COST * invalid
+            return bool(info.get("success")), invalid
+    return False, invalid
 
 
 if __name__ == "__main__":

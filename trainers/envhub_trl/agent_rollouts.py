@@ -94,7 +94,9 @@ class AgentRollouts:
 
     def evaluate(self, trainer: EnvGRPOTrainer, tasks: Sequence[Any], greedy: bool = True) -> dict[str, float]:
         """The agent once on each of ``tasks`` (greedy, or at the run's temperature): its
-        ``success_rate`` (reward > 0), ``mean_reward`` and ``failed`` (sessions without a reward)."""
+        ``success_rate`` (:meth:`~envhub_trl.proxy.sessions.Session.won`: a reward above 0, or the
+        success of the env it played on the proxy), ``mean_reward`` (the sessions' returns) and
+        ``failed`` (sessions without a reward)."""
         server = self.server(trainer)
         proxy = server.proxy
         proxy.temperature = 0.0 if greedy else trainer.args.temperature
@@ -104,10 +106,11 @@ class AgentRollouts:
                                     batch=self._name(f"eval{trainer.state.global_step}-{'greedy' if greedy else 'sampled'}"), processes=self.processes)
         finally:
             proxy.temperature = trainer.args.temperature
-        rewards = [s.reward for group in batch.sessions for s in group]
+        sessions = [s for group in batch.sessions for s in group]
+        rewards = [s.episode_return() for s in sessions]
         scored = [r for r in rewards if r is not None]
         return {
-            "success_rate": float(np.mean([r is not None and r > 0 for r in rewards])),
+            "success_rate": float(np.mean([r is not None and s.won() for s, r in zip(sessions, rewards)])),
             "mean_reward": float(np.mean(scored)) if scored else 0.0,
             "failed": float(sum(r is None for r in rewards)),
         }

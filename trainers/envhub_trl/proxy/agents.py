@@ -8,7 +8,8 @@ every session at once, each in its own thread, of this process or of a worker pr
 GiGPO and RLOO compare them as they compare the members of an env group.
 
 The reward is the callable's return value, or else the one the agent posted to
-``/v1/envhub/sessions/ID/reward``. An agent that raises, runs past the deadline or ends without a
+``/v1/envhub/sessions/ID/reward``; an agent that played an env the proxy hosts
+(:class:`~envhub_trl.proxy.client.ProxyEnv`) is scored by that env, and what it returns is added. An agent that raises, runs past the deadline or ends without a
 reward ends only its own session, with the reason in :attr:`~envhub_trl.proxy.sessions.Session.error`;
 its episode is then set aside as a failed env's is (the step goes on with the rest of its group,
 within ``max_env_error_rate``), and the session is closed so a hung agent's later calls are refused.
@@ -81,11 +82,15 @@ class AgentBatch:
 
 
 def _reward_of(value: Any, session: Session) -> tuple[float | None, str | None]:
-    """The session's reward (the agent's return value, else the posted one), or why there is none."""
+    """The session's reward (the agent's return value, else the posted one), or why there is none.
+    A session that played an env the proxy hosts needs neither: the env's rewards are on its turns,
+    and what the agent returns or posts is added on its last."""
     if value is None:
         value = session.reward
+    if value is None and session.env_id is not None:
+        value = 0.0
     if value is None:
-        return None, "the agent returned no reward and posted none"
+        return None, "the agent returned no reward, posted none and played no env on the proxy"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None, f"the agent's reward is not a finite number: {value!r}"
     return float(value), None

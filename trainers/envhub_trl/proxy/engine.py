@@ -48,6 +48,7 @@ class PendingCall:
     new_messages: tuple[dict[str, Any], ...]
     system: str
     tools: tuple[dict[str, Any], ...] | None
+    state_key: str | None = None
 
 
 def call_seed(root: int, session_id: str, number: int) -> int:
@@ -280,6 +281,7 @@ class ChatProxy:
         with self.store.lock():
             number = session.begun
             session.begun += 1
+            state_key = session.env_state_key  # the hosted env's state this call answers (None without one)
         seeds = request_seeds(request.seed if request.seed is not None else call_seed(self.seed, session_id, number), request.n)
         # Model generators read the ids; a model-free one (a random tool caller) reads the request's
         # messages and tools, and writes its whole reply, less the prefilled start.
@@ -295,7 +297,8 @@ class ChatProxy:
         system = next((m["content"] for m in request.messages if m["role"] == "system"), "")
         tools = self.view.tools(request)
         pending = PendingCall(text=text, prompt_ids=tuple(prompt_ids), parent=parent, env_ids=tuple(env_ids),
-                              new_messages=tuple(new_messages), system=system, tools=tuple(tools) if tools else None)
+                              new_messages=tuple(new_messages), system=system, tools=tuple(tools) if tools else None,
+                              state_key=state_key)
         return session_id, pending, futures
 
     def finish(self, request: ChatRequest, session_id: str, pending: PendingCall, completions: list[Completion]) -> dict[str, Any]:
@@ -314,6 +317,7 @@ class ChatProxy:
                 choices=choices,
                 system=pending.system,
                 tools=pending.tools,
+                state_key=pending.state_key,
             )
             session.add(call)
         return chat_response(request, call, model=request.model, tokenizer=self.tokenizer, session_id=session_id)

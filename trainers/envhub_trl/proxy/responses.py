@@ -123,17 +123,31 @@ def chat_response(request: ChatRequest, call: CallRecord, *, model: str, tokeniz
 
 
 def session_json(session: Any, calls: Sequence[CallRecord]) -> dict[str, Any]:
-    """A session as JSON: each call's token ids, log-probs and the reply it extends, its reward and breaks."""
+    """A session as JSON: each call's token ids, log-probs and the reply it extends, its reward and
+    breaks; and, where it played an env the proxy hosts, that env's rewards per call, the calls it
+    found invalid, each call's state key and how the episode stands."""
+    env = None
+    if session.env_id is not None:
+        env = {
+            "env_id": session.env_id,
+            "rewards": {str(k): v for k, v in session.env_rewards.items()},
+            "invalid_calls": sorted(session.env_invalid),
+            "terminated": session.env_terminated,
+            "truncated": session.env_truncated,
+            "success": session.env_success,
+        }
     return {
         "session_id": session.session_id,
         "reward": session.reward,
         "step_rewards": {str(k): v for k, v in session.step_rewards.items()},
         "breaks": session.breaks,
         "error": session.error,
+        "env": env,
         "calls": [
             {
                 "index": call.index,
                 "extends": list(call.parent) if call.parent else None,
+                "state_key": call.state_key,
                 "prompt_ids": list(call.prompt_ids),
                 "env_ids": list(call.env_ids),
                 "choices": [

@@ -8,7 +8,9 @@ body is read and checked by hand so that every refusal is OpenAI's error shape w
 Routes: ``POST /v1/chat/completions``; ``GET /v1/models``; envhub's own ``GET /v1/envhub/stats``,
 ``GET /v1/envhub/sessions/{id}`` (a session's calls, token-exact; ``DELETE`` returns it and
 forgets it, so a long collection does not hold every session) and
-``POST /v1/envhub/sessions/{id}/reward`` (``{"reward": r, "step_rewards": {call: r}}``).
+``POST /v1/envhub/sessions/{id}/reward`` (``{"reward": r, "step_rewards": {call: r}}``); and a
+session's hosted env, ``POST /v1/envhub/sessions/{id}/env/reset`` (``{"env_id", "seed", "kwargs",
+"options"}``) and ``.../env/step`` (``{"action": text}``): see :mod:`envhub_trl.proxy.hosted`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from typing import Any
 
 from envhub_trl.proxy.engine import ChatProxy
+from envhub_trl.proxy.hosted import HostedEnvs
 from envhub_trl.proxy.requests import ProxyRequestError
 from envhub_trl.proxy.responses import session_json
 
@@ -53,13 +56,17 @@ async def _read_json(request: Any, max_body_bytes: int) -> Any:
         raise ProxyRequestError(f"the request body is not JSON: {exc}", code="invalid_json") from None
 
 
-def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20) -> Any:
-    """The ASGI app serving ``proxy``; a body over ``max_body_bytes`` is answered 413."""
+def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20, envs: HostedEnvs | None = None) -> Any:
+    """The ASGI app serving ``proxy``; a body over ``max_body_bytes`` is answered 413. Its sessions'
+    envs are ``envs`` (a :class:`HostedEnvs` over the proxy's store when None)."""
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
+
+    envs = envs if envs is not None else HostedEnvs(proxy.store)
 
     async def completions(request: Request) -> JSONResponse:
         body = await _read_json(request, max_body_bytes)
@@ -75,6 +82,7 @@ def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20) -> Any:
         found = proxy.store.find(request.path_params["session_id"])
         if found is not None and request.method == "DELETE":
             proxy.store.pop(found.session_id)
+            envs.release(found.session_id)
         if found is None:
             raise ProxyRequestError(f"no session {request.path_params['session_id']!r} has been recorded", status=404, code="session_not_found")
         with proxy.store.lock():
@@ -94,6 +102,16 @@ def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20) -> Any:
         posted = proxy.store.set_reward(request.path_params["session_id"], value, steps)
         return JSONResponse({"session_id": posted.session_id, "reward": posted.reward})
 
+    async def env_reset(request: Request) -> JSONResponse:
+        body = await _read_json(request, max_body_bytes)
+        # In a worker thread: an env's reset or step may take a while (a planner, a game engine),
+        # and the event loop serves every session's calls.
+        return JSONResponse(await run_in_threadpool(envs.reset, request.path_params["session_id"], body))
+
+    async def env_step(request: Request) -> JSONResponse:
+        body = await _read_json(request, max_body_bytes)
+        return JSONResponse(await run_in_threadpool(envs.step, request.path_params["session_id"], body))
+
     async def refused(request: Request, exc: ProxyRequestError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
@@ -107,6 +125,8 @@ def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20) -> Any:
         Route("/v1/envhub/stats", stats, methods=["GET"]),
         Route("/v1/envhub/sessions/{session_id}", session, methods=["GET", "DELETE"]),
         Route("/v1/envhub/sessions/{session_id}/reward", reward, methods=["POST"]),
+        Route("/v1/envhub/sessions/{session_id}/env/reset", env_reset, methods=["POST"]),
+        Route("/v1/envhub/sessions/{session_id}/env/step", env_step, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={ProxyRequestError: refused, HTTPException: http_error})
 
@@ -119,6 +139,8 @@ class ProxyServer:
         host: the address to listen on.
         port: the port; 0 picks a free one (read :attr:`base_url` after :meth:`start`).
         max_body_bytes: the largest request body read.
+        env_ids: the env ids its sessions may play on the proxy (:mod:`~envhub_trl.proxy.hosted`);
+            None allows every registered env.
         freeze_gc: at :meth:`start`, collect and then freeze what the process holds (``gc.freeze``,
             as vLLM's server does after its start): the model, the libraries and the trainer are
             then out of the collector's full passes. Without it, a full pass in a process holding
@@ -127,11 +149,13 @@ class ProxyServer:
             ``bench/proxy.py --no-freeze-gc``).
     """
 
-    def __init__(self, proxy: ChatProxy, *, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20, freeze_gc: bool = True):
+    def __init__(self, proxy: ChatProxy, *, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20,
+                 env_ids: Any = None, freeze_gc: bool = True):
         import uvicorn
 
         self.proxy = proxy
-        config = uvicorn.Config(create_app(proxy, max_body_bytes=max_body_bytes), host=host, port=port, log_level="warning", lifespan="off")
+        self.envs = HostedEnvs(proxy.store, env_ids=env_ids)
+        config = uvicorn.Config(create_app(proxy, max_body_bytes=max_body_bytes, envs=self.envs), host=host, port=port, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self.host = host
@@ -163,10 +187,11 @@ class ProxyServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and wait for the thread to end."""
+        """Stop serving, wait for the thread to end, and close the envs the sessions left."""
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.envs.close()
 
     def __enter__(self) -> ProxyServer:
         return self.start()

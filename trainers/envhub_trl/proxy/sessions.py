@@ -67,6 +67,8 @@ class CallRecord:
         choices: the completions sampled.
         system: the call's first system message, or "".
         tools: the call's tools, or None.
+        state_key: the state key of the env the proxy hosts for the session, as it stood when the
+            call was made (:mod:`~envhub_trl.proxy.hosted`); None without one.
     """
 
     index: int
@@ -78,6 +80,7 @@ class CallRecord:
     choices: tuple[Choice, ...]
     system: str = ""
     tools: tuple[dict[str, Any], ...] | None = None
+    state_key: str | None = None
 
 
 def reply_key(content: str | None, tool_calls: Sequence[dict[str, Any]] = ()) -> str:
@@ -110,6 +113,13 @@ class Session:
         task: what the agent was asked to do, when the trainer started it.
         begun: calls the proxy has started for this session (recorded or still generating); the
             next call's number, which keys its sampler seed.
+        env_id: the env the proxy hosts for this session (:mod:`~envhub_trl.proxy.hosted`), or None.
+        env_state_key: that env's state key now: the state the session's next call answers.
+        env_rewards: per call index, the rewards of the env steps that acted on its reply.
+        env_invalid: the calls whose reply an env step found invalid (``action_is_valid`` false).
+        env_terminated: the env ended the episode.
+        env_truncated: the env's turn limit ended it.
+        env_success: the env's ``success`` at its last step.
     """
 
     session_id: str
@@ -122,6 +132,27 @@ class Session:
     begun: int = 0
     #: ``reply_key`` -> the reply as sampled, for every choice returned in this session.
     replies: dict[str, str] = dataclasses.field(default_factory=dict)
+    env_id: str | None = None
+    env_state_key: str | None = None
+    env_rewards: dict[int, float] = dataclasses.field(default_factory=dict)
+    env_invalid: set[int] = dataclasses.field(default_factory=set)
+    env_terminated: bool = False
+    env_truncated: bool = False
+    env_success: bool = False
+
+    def episode_return(self) -> float | None:
+        """The session's return: its reward, its step rewards and the rewards of the env it played
+        on the proxy; None while it has no reward (it failed, or has not ended)."""
+        if self.reward is None:
+            return None
+        return self.reward + sum(self.step_rewards.values()) + sum(self.env_rewards.values())
+
+    def won(self) -> bool:
+        """Whether the session succeeded: the env's ``success`` where it played one on the proxy,
+        else a reward above 0; never when it failed."""
+        if self.error is not None:
+            return False
+        return self.env_success if self.env_id is not None else (self.reward or 0.0) > 0
 
     def find_parent(self, text: str) -> tuple[CallRecord, int, str] | None:
         """The call and choice whose prompt and sampled text ``text`` starts with (the longest such
@@ -271,7 +302,8 @@ def state_digest(messages: Sequence[dict[str, Any]]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
-def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int], reward: float, state_key: str, next_key: str) -> Turn:
+def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int], reward: float, env_reward: float, valid: bool,
+          state_key: str, next_key: str) -> Turn:
     shown = "\n".join(str(m.get("content", "")) for m in call.new_messages)
     action = json.dumps([[c["function"]["name"], c["function"]["arguments"]] for c in choice.tool_calls]) if choice.tool_calls else None
     return Turn(
@@ -281,8 +313,8 @@ def _turn(index: int, call: CallRecord, choice: Choice, input_ids: Sequence[int]
         reply=choice.reply,
         action=action,
         reward=reward,
-        env_reward=reward,
-        action_is_valid=True,
+        env_reward=env_reward,
+        action_is_valid=valid,
         format_valid=True,
         state_key=state_key,
         next_state_key=next_key,
@@ -297,9 +329,14 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
     """The session as envhub's episode record: one trajectory when its calls each extend the one
     before (layout ``trajectory``), else one step sample per choice (layout ``step``).
 
-    The posted reward goes on the last turn (plus any step rewards on their calls' turns); a turn's
+    The posted reward goes on the last turn, and any step rewards on their calls' turns. A turn's
     ``state_key`` is a digest of the messages it answered, less their ids (:func:`state_digest`:
     GiGPO groups turns that answered the same tool result or user message).
+
+    A session that played an env the proxy hosts (:mod:`~envhub_trl.proxy.hosted`) takes what
+    that env said: each step's reward on the turn whose reply it acted on (the posted reward, if
+    any, added on the last), the env's state key as each turn's ``state_key``, its
+    ``action_is_valid``, and the episode's ``success``, ``terminated`` and ``truncated``.
 
     Raises:
         ValueError: if the session has no call.
@@ -307,15 +344,22 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
     if not session.calls:
         raise ValueError(f"session {session.session_id!r} made no call")
     chain = session.extended_chain()
+    hosted = session.env_id is not None
     pairs = [(call, k, choice) for call in session.calls for k, choice in enumerate(call.choices)]
     last = len(pairs) - 1
-    keys = {call.index: state_digest(call.new_messages) for call in session.calls}  # once a call, not once a turn and again as the next turn's
+    # once a call, not once a turn and again as the next turn's
+    keys = {call.index: call.state_key if call.state_key is not None else state_digest(call.new_messages) for call in session.calls}
+    end_key = (session.env_state_key or "end") if hosted else "end"
     turns = []
     for t, (call, _, choice) in enumerate(pairs):
-        reward = session.step_rewards.get(call.index, 0.0) + ((session.reward or 0.0) if t == last else 0.0)
-        next_key = keys[pairs[t + 1][0].index] if t < last else "end"
-        turns.append(_turn(t, call, choice, call.env_ids if chain else call.prompt_ids, reward, keys[call.index], next_key))
+        env_reward = session.env_rewards.get(call.index, 0.0)
+        reward = env_reward + session.step_rewards.get(call.index, 0.0) + ((session.reward or 0.0) if t == last else 0.0)
+        next_key = keys[pairs[t + 1][0].index] if t < last else end_key
+        turns.append(_turn(t, call, choice, call.env_ids if chain else call.prompt_ids, reward, env_reward if hosted else reward,
+                           call.index not in session.env_invalid, keys[call.index], next_key))
     first = session.calls[0]
+    failed = session.error is not None
+    terminated = session.env_terminated if hosted else True
     return Trajectory(
         env_id=env_id,
         group_id=group_id,
@@ -325,9 +369,10 @@ def session_trajectory(session: Session, *, group_id: int = 0, member: int = 0, 
         layout="trajectory" if chain else "step",
         system=first.system,
         turns=turns,
-        terminated=session.error is None,
-        success=session.error is None and (session.reward or 0.0) > 0,
+        terminated=terminated and not failed,
+        truncated=not terminated and not failed,
+        success=session.won(),
         error=session.error,
-        end_reason="terminated" if session.error is None else "error",
+        end_reason="error" if failed else "terminated" if terminated else "truncated",
         tools=list(first.tools) if first.tools else None,
     )
