@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from envhub.cli import cli
+from envhub_trl.proxy.client import ProxyEnv, ProxyEnvError
 from serve_helpers import free_port
 
 
@@ -22,6 +23,8 @@ def test_proxy_command_refuses_an_unknown_generator_and_model():
     assert result.exit_code == 2 and "cannot load a model folder" in result.output
     result = CliRunner().invoke(cli, ["proxy", "--model", "/no/such/model-folder", "--port", "8765"])
     assert result.exit_code == 1 and "Error" in result.output
+    result = CliRunner().invoke(cli, ["proxy", "--model", "tiny", "--env", "nowhere/Nothing-v0"])
+    assert result.exit_code == 2 and "--env" in result.output and "nowhere/Nothing-v0" in result.output
 
 
 
@@ -31,7 +34,8 @@ def test_envhub_proxy_serves_a_model_folder(tmp_path: Path):
 
     folder = build_tiny(tmp_path / "tiny", env_ids=["frozenlake/FrozenLake-v0"])
     port = free_port()
-    command = [sys.executable, "-m", "envhub", "proxy", "--model", str(folder), "--served-name", "tiny", "--port", str(port)]
+    command = [sys.executable, "-m", "envhub", "proxy", "--model", str(folder), "--served-name", "tiny", "--port", str(port),
+               "--env", "frozenlake/FrozenLakeNotSlippery-v0"]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 120
@@ -43,11 +47,17 @@ def test_envhub_proxy_serves_a_model_folder(tmp_path: Path):
                 assert server.poll() is None and time.monotonic() < deadline, server.stderr.read() if server.poll() is not None else "no answer"
                 time.sleep(0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="collect-1", max_retries=0)
+        lake = ProxyEnv(f"http://127.0.0.1:{port}/v1", "collect-1", "frozenlake/FrozenLakeNotSlippery-v0")
+        lake.reset(seed=4)
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Go."}], max_tokens=5, seed=1)
+        lake.step("Down")
+        with pytest.raises(ProxyEnvError, match="hosts"):  # only the --env ids
+            ProxyEnv(f"http://127.0.0.1:{port}/v1", "collect-2", "frozenlake/FrozenLake-v0").reset(seed=0)
         session = httpx.delete(f"http://127.0.0.1:{port}/v1/envhub/sessions/collect-1").json()
         assert httpx.get(f"http://127.0.0.1:{port}/v1/envhub/sessions/collect-1").status_code == 404  # collected and forgotten
         assert reply.usage.completion_tokens == len(session["calls"][0]["choices"][0]["token_ids"]) >= 1
         assert len(session["calls"][0]["prompt_ids"]) == reply.usage.prompt_tokens
+        assert session["env"]["env_id"] == "frozenlake/FrozenLakeNotSlippery-v0" and list(session["env"]["rewards"]) == ["0"]
     finally:
         server.terminate()
         server.wait(timeout=30)
