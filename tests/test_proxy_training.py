@@ -95,17 +95,17 @@ def test_envhub_train_agent_runs_and_reports(tmp_path):
     tasks.write_text("".join(json.dumps({"seed": s}) + "\n" for s in range(4)))
     out = tmp_path / "out"
     args = ["train", "--agent", f"{__file__}:chatty", "--tasks", str(tasks), "--output-dir", str(out),
-            "max_steps=1", "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "eval_episodes=2",
+            "max_steps=2", "eval_steps=1", "groups_per_step=2", "group_size=2", "per_device_train_batch_size=4", "eval_episodes=2",
             "use_cpu=true", "report_to=none", "tiny.hidden_size=64", "tiny.num_heads=1", "tiny.num_layers=1",
             "agent_processes=2"]  # the agent in worker processes, loaded from this file
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
-    assert results["steps"] == 1 and set(results["evaluations"]) == {"initial model", "after RL"}
+    assert results["steps"] == 2 and list(results["evaluations"]) == ["initial model", "at RL step 1", "after RL"]
     assert all(figures["failed"] == 0 for figures in results["evaluations"].values())
     assert results["log_history"][0]["agent/failed_sessions"] == 0
     assert (out / "final" / "config.json").is_file()
-    assert "initial model" in result.output and "after RL" in result.output
+    assert "initial model" in result.output and "after RL" in result.output and "held-out success at RL step 1" in result.output
     bad = CliRunner().invoke(cli, ["train", "--agent", f"{__file__}:chatty", "--output-dir", str(out)])
     assert bad.exit_code == 2 and "--agent and --tasks go together" in bad.output
 

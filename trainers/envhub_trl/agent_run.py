@@ -2,8 +2,8 @@
 
 The run reads its config as ``envhub train`` does (a :class:`~envhub_trl.run_spec.RunSpec`), builds
 ``EnvGRPOTrainer(..., agent=..., tasks=...)`` (:mod:`envhub_trl.agent_rollouts`), plays the agent
-greedily once on each held-out task before and after training (with ``eval_sampled``, once more
-at the run's temperature), and writes ``final/`` (the model
+greedily once on each held-out task before and after training, and every ``eval_steps`` steps
+between (with ``eval_sampled``, once more at the run's temperature), and writes ``final/`` (the model
 and tokenizer) and ``results.json`` (the figures, the agent, the config and the log history) into
 the output folder.
 
@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+from transformers import TrainerCallback
 
 from envhub_trl.run_spec import RunSpec
+from envhub_trl.selection import eval_every
 
 
 def read_tasks(path: str) -> list[Any]:
@@ -73,13 +76,17 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     click.echo(f"agent {agent_ref}: {len(tasks)} training tasks, {len(held_out)} held-out; evaluating the initial model", err=True)
     evaluations: dict[str, dict[str, float]] = {}
 
-    def evaluate(stage: str) -> None:
+    def evaluate(stage: str) -> dict[str, float]:
         """Greedy on the held-out tasks, and with ``eval_sampled`` at the run's temperature too."""
         evaluations[stage] = trainer.agents.evaluate(trainer, held_out)
         if args.eval_sampled:
             evaluations[f"{stage}, sampled"] = trainer.agents.evaluate(trainer, held_out, greedy=False)
+        return evaluations[stage]
 
     evaluate("initial model")
+    every = eval_every(args)
+    if every is not None:  # held-out success through RL, as envhub's own runs measure it
+        trainer.add_callback(_EveryEvalSteps(every, evaluate))
     warm_seconds = 0.0
     if warm_start.active and not resume:  # a resumed run's checkpoint already holds it
         warm_seconds = _format_warm_start(trainer, agent, tasks, warm_start)
@@ -107,6 +114,19 @@ def train_agent(spec: RunSpec, agent_ref: str, tasks_path: str, eval_tasks_path:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     return results
+
+
+class _EveryEvalSteps(TrainerCallback):
+    """Evaluates on the held-out tasks every ``every`` optimizer steps before the last (``eval_steps``),
+    as the stage ``at RL step N``."""
+
+    def __init__(self, every: int, evaluate: Callable[[str], dict[str, float]]):
+        self.every, self.evaluate = every, evaluate
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            figures = self.evaluate(f"at RL step {state.global_step}")
+            click.echo(f"held-out success at RL step {state.global_step}: {figures['success_rate']:.1%} greedy", err=True)
 
 
 def _format_warm_start(trainer: Any, agent: Any, tasks: list[Any], warm_start: Any) -> float:

@@ -112,15 +112,23 @@ class ValidationSelection(TrainerCallback):
               f"{self.points[-1]['greedy']:.1%})", file=sys.stderr, flush=True)
 
 
+def eval_every(args: Any) -> int | None:
+    """How many optimizer steps apart the periodic held-out evaluations are: ``eval_steps``, or that
+    share of ``max_steps`` when it is below 1 (as transformers reads it); None without it."""
+    every = args.eval_steps
+    if not every:
+        return None
+    return max(1, int(every if every >= 1 else every * args.max_steps))
+
+
 def periodic_evaluation(trainer: EnvGRPOTrainer, points: list[dict[str, Any]] = ()) -> Any:
     """With ``eval_steps`` set, a callback (added to ``trainer``) that measures held-out greedy
     success every ``eval_steps`` optimizer steps, as ROLL's validation runs do, so that a run that
     peaks and then collapses shows it; None without ``eval_steps``. ``points`` are those a resumed
     run measured before its checkpoint."""
-    every = trainer.args.eval_steps
-    if not every:
+    every = eval_every(trainer.args)
+    if every is None:
         return None
-    every = max(1, int(every if every >= 1 else every * trainer.args.max_steps))
 
     class HeldOutEvaluation(TrainerCallback):
         def __init__(self) -> None:
