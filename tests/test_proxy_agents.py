@@ -18,6 +18,7 @@ from envhub_trl.proxy import ChatProxy, ProxyServer, session_trajectory
 from envhub_trl.proxy.agent_processes import AgentProcesses
 from envhub_trl.proxy.agents import load_agent, play_agents
 from envhub_trl.tiny import build_tiny
+from proxy_helpers import expert_moves
 
 
 @pytest.fixture(scope="module")
@@ -198,30 +199,6 @@ def test_load_agent_from_a_file_or_a_module(tmp_path):
             load_agent(bad)
 
 
-class ExpertMoves:
-    """A generator that plays a lake as its expert would: a reply of plain text first (after the
-    call's start, which the proxy writes for the agent's named ``tool_choice``, it is no call, and
-    the agent must ask again), then one ``move`` call's arguments per expert step, each ending its turn."""
-
-    def __init__(self, tokenizer, moves):
-        from envhub.chat import end_of_turn_ids
-
-        self.tokenizer, self.turn_end = tokenizer, end_of_turn_ids(tokenizer)[:1]
-        self.replies = ["Let me look at the board."] + [
-            '{"direction": "%s"}}\n</tool_call>' % move.lower() for move in moves
-        ]
-
-    def generate(self, prompts, sampling):
-        from envhub.generation import Completion
-
-        out = []
-        for _ in prompts:
-            text = self.replies.pop(0)
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + self.turn_end
-            out.append(Completion(ids, [-0.5] * len(ids), text))
-        return out
-
-
 def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
     import envhub
     from envhub_trl.proxy.agents import load_agent
@@ -235,9 +212,9 @@ def test_the_frozenlake_example_agent_plays_through_the_proxy(server):
         if env.step(moves[-1])[2]:
             break
     tokenizer = server.proxy.tokenizer
-    with ProxyServer(ChatProxy(ExpertMoves(tokenizer, moves), tokenizer, model="*")) as lake:
+    with ProxyServer(ChatProxy(expert_moves(tokenizer, moves), tokenizer, model="*")) as lake:
         batch = play_agents(play, [{"seed": 5}], 1, lake)
-    with ProxyServer(ChatProxy(ExpertMoves(tokenizer, moves), tokenizer, model="*")) as lake:
+    with ProxyServer(ChatProxy(expert_moves(tokenizer, moves), tokenizer, model="*")) as lake:
         again = play_agents(play, [{"seed": 5}], 1, lake).sessions[0][0]
     session = batch.sessions[0][0]
     # The same boards give the same state keys (GiGPO's anchors), though each tool result names

@@ -10,23 +10,12 @@ import httpx
 import pytest
 
 import envhub
-from envhub.chat import end_of_turn_ids
-from envhub.generation import Completion
 from envhub_trl.proxy import ChatProxy, HostedEnvs, ProxyEnv, ProxyEnvError, ProxyServer, create_app, session_trajectory
 from envhub_trl.proxy.agents import load_agent, play_agents
 from envhub_trl.tiny import build_tiny, build_tokenizer
+from proxy_helpers import Echo, Scripted, expert_moves, openai_error as _error
 
 LAKE = "frozenlake/FrozenLakeNotSlippery-v0"
-
-
-class Echo:
-    """Replies "ok" and ends its turn."""
-
-    def __init__(self, tokenizer):
-        self.ids = tokenizer.encode("ok", add_special_tokens=False) + end_of_turn_ids(tokenizer)[:1]
-
-    def generate(self, prompts, sampling):
-        return [Completion(list(self.ids), [-0.1] * len(self.ids), "ok") for _ in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +31,6 @@ def server(tokenizer):
 
 def _post(server, path, body, session="s"):
     return httpx.post(f"{server.base_url}/envhub/sessions/{session}/env/{path}", json=body)
-
-
-def _error(response, status, code=None):
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if code is not None:
-        assert error["code"] == code
-    return error
 
 
 def _chat(server, session="s"):
@@ -217,22 +197,6 @@ def tiny(tmp_path_factory):
     return build_tiny(tmp_path_factory.mktemp("hosted") / "tiny", env_ids=[LAKE])
 
 
-class ExpertCalls:
-    """Answers each call with the next of ``replies`` (a move call's arguments; the proxy writes the
-    call's start for the agent's named ``tool_choice``), ending its turn."""
-
-    def __init__(self, tokenizer, replies):
-        self.tokenizer, self.turn_end, self.replies = tokenizer, end_of_turn_ids(tokenizer)[:1], list(replies)
-
-    def generate(self, prompts, sampling):
-        out = []
-        for _ in prompts:
-            text = self.replies.pop(0)
-            ids = self.tokenizer.encode(text, add_special_tokens=False) + self.turn_end
-            out.append(Completion(ids, [-0.5] * len(ids), text))
-        return out
-
-
 def test_the_frozenlake_agent_on_the_proxy_plays_the_episode_of_its_own_copy(tiny):
     """``play_on_proxy`` and ``play`` make the same calls and earn the same return; the proxy's env
     gives each turn its board as the state key, so a turn that asked again after a text reply shares
@@ -245,10 +209,9 @@ def test_the_frozenlake_agent_on_the_proxy_plays_the_episode_of_its_own_copy(tin
     moves = []
     while not moves or not local.step(moves[-1])[2]:
         moves.append(local.expert_action())
-    replies = ["Let me look."] + ['{"direction": "%s"}}\n</tool_call>' % m.lower() for m in moves]
     sessions = {}
     for name in ("play", "play_on_proxy"):
-        with ProxyServer(ChatProxy(ExpertCalls(tokenizer, replies), tokenizer, model="*")) as lake:
+        with ProxyServer(ChatProxy(expert_moves(tokenizer, moves), tokenizer, model="*")) as lake:
             batch = play_agents(load_agent(f"examples/agents/frozenlake_openai.py:{name}"), [{"seed": 5}], 1, lake)
         sessions[name] = batch.sessions[0][0]
     own, hosted = (session_trajectory(sessions[n]) for n in ("play", "play_on_proxy"))
@@ -271,7 +234,7 @@ def test_the_countdown_agent_is_scored_by_the_env_it_plays_on_the_proxy(tiny):
     env.reset(seed=2)
     solution = json.loads(env.expert_action())["arguments"]["expression"]
     calls = ['<tool_call>\n{"name": "%s", "arguments": {"expression": "%s"}}\n</tool_call>' % (name, solution) for name in ("calculate", "submit")]
-    with ProxyServer(ChatProxy(ExpertCalls(tokenizer, calls), tokenizer, model="*")) as countdown:
+    with ProxyServer(ChatProxy(Scripted(tokenizer, calls), tokenizer, model="*")) as countdown:
         batch = play_agents(load_agent("examples/agents/countdown_tools.py:play"), [2], 1, countdown)
     session = batch.sessions[0][0]
     env.reset(seed=2)

@@ -10,22 +10,11 @@ import numpy as np
 import openai
 import pytest
 
-from envhub.chat import end_of_turn_ids
-from envhub.generation import Completion
 from envhub_trl.proxy import ChatProxy, ProxyServer
 from envhub_trl.tiny import build_tokenizer
+from proxy_helpers import Echo, openai_error as _error
 
 VALID = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-
-
-class Echo:
-    """Replies "ok" and ends its turn (the requests here are about refusals, not sampling)."""
-
-    def __init__(self, tokenizer):
-        self.ids = tokenizer.encode("ok", add_special_tokens=False) + end_of_turn_ids(tokenizer)[:1]
-
-    def generate(self, prompts, sampling):
-        return [Completion(list(self.ids), [-0.1] * len(self.ids), "ok") for _ in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +28,6 @@ def _post(server, body, session="s", raw=None, path="/chat/completions"):
     headers = {"Authorization": f"Bearer {session}"} if session else {}
     content = raw if raw is not None else json.dumps(body)
     return httpx.post(server.base_url + path, content=content, headers={**headers, "content-type": "application/json"})
-
-
-def _error(response, status, code=None):
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if code is not None:
-        assert error["code"] == code
-    return error
 
 
 def test_a_valid_request_is_answered(server):
