@@ -147,9 +147,8 @@ def test_a_step_after_the_episode_ended_is_refused(server):
 
 
 def test_only_the_envs_allowed_and_at_most_max_envs(tokenizer):
-    with ProxyServer(ChatProxy(Echo(tokenizer), tokenizer, model="m"), env_ids=[LAKE]) as running:
+    with ProxyServer(ChatProxy(Echo(tokenizer), tokenizer, model="m"), env_ids=[LAKE], max_envs=1) as running:
         _error(_post(running, "reset", {"env_id": "sokoban/Sokoban6x6-v0"}), 404, "env_not_found")
-        running.envs.max_envs = 1
         assert _post(running, "reset", {"env_id": LAKE}, session="one").status_code == 200
         _error(_post(running, "reset", {"env_id": LAKE}, session="two"), 429, "too_many_envs")
     assert len(running.envs) == 0  # closed with the server

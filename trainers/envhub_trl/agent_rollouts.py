@@ -75,7 +75,8 @@ class AgentRollouts:
         if self._server is None:
             proxy = ChatProxy(generator, trainer.processing_class, model="*", temperature=trainer.args.temperature,
                               top_p=trainer.args.top_p, seed=trainer.args.seed)
-            self._server = ProxyServer(proxy).start()
+            # No bound on the envs its agents play on it: the batch is what bounds the sessions.
+            self._server = ProxyServer(proxy, max_envs=None).start()
         return self._server
 
     def play(self, trainer: EnvGRPOTrainer, seeds: Sequence[int], group_size: int, round: int = 0) -> tuple[list[Trajectory], AgentBatch]:

@@ -38,8 +38,10 @@ def _loader(kind: str) -> str:
               help="The largest request body read; a larger one is answered 413.")
 @click.option("--env", "env_ids", multiple=True, callback=lambda ctx, param, value: _env_ids(value),
               help="An env id agents may play on the proxy (POST /v1/envhub/sessions/ID/env/reset); repeat it. Default: every registered env.")
+@click.option("--max-envs", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="The most envs hosted at once; a reset past it is answered 429 until a session ends.")
 def proxy_command(model_path: str, kind: str, served_name: str | None, host: str, port: int, max_tokens: int, max_body_bytes: int,
-                  env_ids: tuple[str, ...]) -> None:
+                  env_ids: tuple[str, ...], max_envs: int) -> None:
     """Serve MODEL at http://HOST:PORT/v1 as an OpenAI chat-completions endpoint, recording every call.
 
     A client sends its session id as its API key (or the X-Envhub-Session header); each session's
@@ -64,7 +66,7 @@ def proxy_command(model_path: str, kind: str, served_name: str | None, host: str
 
     click.echo(f"serving {model_path} ({kind}) on http://{host}:{port}/v1 as model {proxy.model!r}; "
                "each client's API key (or X-Envhub-Session header) is its session id", err=True)
-    envs = HostedEnvs(proxy.store, env_ids=env_ids or None)
+    envs = HostedEnvs(proxy.store, env_ids=env_ids or None, max_envs=max_envs)
     try:
         uvicorn.run(create_app(proxy, max_body_bytes=max_body_bytes, envs=envs), host=host, port=port, log_level="warning")
     finally:

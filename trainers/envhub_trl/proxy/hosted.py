@@ -64,11 +64,12 @@ class HostedEnvs:
             session's env closes when the session ends.
         env_ids: the env ids agents may ask for; None allows every registered one.
         max_envs: the most envs held at once (a session that resets with every other slot taken
-            is refused with 429, until a session ends).
+            is refused with 429, until a session ends); None for no bound (the trainer's own
+            proxy, whose sessions are its batch).
         make: makes an env from an id and keyword arguments (``envhub.make``).
     """
 
-    def __init__(self, store: SessionStore, *, env_ids: Collection[str] | None = None, max_envs: int = 1024,
+    def __init__(self, store: SessionStore, *, env_ids: Collection[str] | None = None, max_envs: int | None = 1024,
                  make: Callable[..., Any] = envhub.make):
         self.store = store
         self.env_ids = None if env_ids is None else frozenset(env_ids)
@@ -175,7 +176,7 @@ class HostedEnvs:
             hosted = self._envs.get(session_id)
             if hosted is not None and (hosted.env_id, hosted.kwargs) == (env_id, kwargs):
                 return hosted
-            if hosted is None and len(self._envs) >= self.max_envs:
+            if hosted is None and self.max_envs is not None and len(self._envs) >= self.max_envs:
                 raise ProxyRequestError(f"this proxy holds {self.max_envs} envs, the most it hosts at once; end a session first",
                                         status=429, code="too_many_envs")
         try:

@@ -141,6 +141,7 @@ class ProxyServer:
         max_body_bytes: the largest request body read.
         env_ids: the env ids its sessions may play on the proxy (:mod:`~envhub_trl.proxy.hosted`);
             None allows every registered env.
+        max_envs: the most of those envs held at once; None for no bound.
         freeze_gc: at :meth:`start`, collect and then freeze what the process holds (``gc.freeze``,
             as vLLM's server does after its start): the model, the libraries and the trainer are
             then out of the collector's full passes. Without it, a full pass in a process holding
@@ -150,11 +151,11 @@ class ProxyServer:
     """
 
     def __init__(self, proxy: ChatProxy, *, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 1 << 20,
-                 env_ids: Any = None, freeze_gc: bool = True):
+                 env_ids: Any = None, max_envs: int | None = 1024, freeze_gc: bool = True):
         import uvicorn
 
         self.proxy = proxy
-        self.envs = HostedEnvs(proxy.store, env_ids=env_ids)
+        self.envs = HostedEnvs(proxy.store, env_ids=env_ids, max_envs=max_envs)
         config = uvicorn.Config(create_app(proxy, max_body_bytes=max_body_bytes, envs=self.envs), host=host, port=port, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
