@@ -155,7 +155,13 @@ def test_only_the_envs_allowed_and_at_most_max_envs(tokenizer):
 
 
 class Broken:
+    """An env that fails in each way it can: its step raises, or returns a reward that is no number;
+    made as ``no-list``, its ``valid_actions`` raises too; and it will not close."""
+
     instructions = "Break."
+
+    def __init__(self, env_id):
+        self.lists = env_id != "no-list"
 
     def reset(self, seed=None, options=None):
         return "start", {"state_key": "0", "success": False, "action_is_valid": True}
@@ -168,6 +174,8 @@ class Broken:
         raise RuntimeError("the engine fell over")
 
     def valid_actions(self):
+        if not self.lists:
+            raise KeyError("no list today")
         return None
 
     def close(self):
@@ -178,8 +186,9 @@ def test_an_env_that_raises_fails_its_session_with_a_4xx(tokenizer):
     from starlette.testclient import TestClient
 
     proxy = ChatProxy(Echo(tokenizer), tokenizer, model="m")
-    envs = HostedEnvs(proxy.store, make=lambda env_id, **kwargs: Broken())
+    envs = HostedEnvs(proxy.store, make=lambda env_id, **kwargs: Broken(env_id))
     client = TestClient(create_app(proxy, envs=envs))
+    _error(client.post("/v1/envhub/sessions/r/env/reset", json={"env_id": "no-list"}), 422, "env_error")
     assert client.post("/v1/envhub/sessions/s/env/reset", json={"env_id": "any"}).json()["observation"] == "start"
     _error(client.post("/v1/envhub/sessions/s/env/step", json={"action": "go"}), 422, "env_error")
     assert "the engine fell over" in proxy.store.find("s").error

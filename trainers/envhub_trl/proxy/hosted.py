@@ -111,13 +111,13 @@ class HostedEnvs:
             with self.store.lock():
                 session.env_id, session.env_state_key = env_id, str(info.get("state_key", ""))
                 session.env_terminated = session.env_truncated = session.env_success = False
-            return {
+            return self._call(session_id, lambda: {
                 "observation": _json_safe(observation),
                 "info": _json_safe(info),
-                "instructions": getattr(hosted.env, "instructions", ""),
-                "valid_actions": self._valid_actions(hosted.env),
+                "instructions": str(getattr(hosted.env, "instructions", "")),
+                "valid_actions": _valid_actions(hosted.env),
                 "tools": _json_safe(hosted.env.tool_schemas()) if hasattr(hosted.env, "tool_schemas") else None,
-            }
+            })
 
     def step(self, session_id: str, body: Any) -> dict[str, Any]:
         """Step ``session_id``'s env with ``body``'s ``{"action": TEXT}``; the reward goes on the
@@ -153,7 +153,7 @@ class HostedEnvs:
                 "terminated": bool(terminated),
                 "truncated": bool(truncated),
                 "info": _json_safe(info),
-                "valid_actions": None if hosted.done else self._valid_actions(hosted.env),
+                "valid_actions": None if hosted.done else self._call(session_id, _valid_actions, hosted.env),
             }
 
     def release(self, session_id: str) -> None:
@@ -207,10 +207,10 @@ class HostedEnvs:
             session.error = session.error or reason
         return ProxyRequestError(reason, status=422, code="env_error")
 
-    @staticmethod
-    def _valid_actions(env: Any) -> list[str] | None:
-        actions = env.valid_actions() if hasattr(env, "valid_actions") else None
-        return None if actions is None else [str(a) for a in actions]
+
+def _valid_actions(env: Any) -> list[str] | None:
+    actions = env.valid_actions() if hasattr(env, "valid_actions") else None
+    return None if actions is None else [str(a) for a in actions]
 
 
 def _record_step(session: Session, reward: float, info: dict[str, Any], terminated: bool, truncated: bool) -> None:
