@@ -179,7 +179,7 @@ def test_a_zero_gradient_step_leaves_adams_weights_alone_and_the_schedule_goes_o
     assert seen[-1] is False and torch.isnan(layer.weight).all()
 
 
-def test_a_step_that_keeps_no_group_takes_no_optimizer_step(tiny, tmp_path, monkeypatch):
+def test_a_step_that_keeps_no_group_takes_no_optimizer_step(tiny, tmp_path):
     """filter_tied_groups with skip_zero_gradient_steps: the first step trains on the half-expert's
     untied groups, the second's groups all tie (the model alone plays, and loses) and are dropped,
     so its gradient is zero and the weights stay as the first step left them."""
