@@ -9,10 +9,11 @@ GiGPO and RLOO compare them as they compare the members of an env group.
 
 The reward is the callable's return value, or else the one the agent posted to
 ``/v1/envhub/sessions/ID/reward``; an agent that played an env the proxy hosts
-(:class:`~envhub_trl.proxy.client.ProxyEnv`) is scored by that env, and what it returns is added. An agent that raises, runs past the deadline or ends without a
-reward ends only its own session, with the reason in :attr:`~envhub_trl.proxy.sessions.Session.error`;
-its episode is then set aside as a failed env's is (the step goes on with the rest of its group,
-within ``max_env_error_rate``), and the session is closed so a hung agent's later calls are refused.
+(:class:`~envhub_trl.proxy.client.ProxyEnv`) is scored by that env, and what it returns is added.
+An agent that raises, runs past the deadline or ends without a reward ends only its own session,
+with the reason in :attr:`~envhub_trl.proxy.sessions.Session.error`; its episode is then set aside
+as a failed env's is (the step goes on with the rest of its group, within ``max_env_error_rate``),
+and the session is closed so a hung agent's later calls are refused.
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ class HostedEnvs:
             raise ProxyRequestError(f"session {session_id!r} has no env: reset one first", status=409, code="env_not_reset")
         with hosted.lock:
             if hosted.done:
-                raise ProxyRequestError(f"the episode of session {session_id!r} has ended: reset the env to play again", status=409, code="episode_ended")
+                raise ProxyRequestError(f"the episode of session {session_id!r} has ended: reset the env to play again",
+                                        status=409, code="episode_ended")
             observation, reward, terminated, truncated, info = self._call(session_id, hosted.env.step, action)
             try:
                 reward = float(reward)
