@@ -21,7 +21,7 @@ import click
 import envhub
 from envhub import plugins
 from envhub.checker import check_envs
-from envhub.core import OUTCOME_KEY, ToolEnv, shorten
+from envhub.core import OUTCOME_KEY, ToolEnv, jsonable, shorten
 from envhub.error import EnvhubError
 from envhub.executors import DEFAULT_STEP_TIMEOUT
 from envhub.manager import EnvGroupManager
@@ -227,22 +227,6 @@ def _player(name: str, env_id: str, seed: int) -> Player:
     return get_player(name, env_id, seed)
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def _valid_json(value: Any) -> Any:
-    """``value`` with every NaN or infinite number as None: JSON has no such numbers, and a
-    reader's parser refuses the ``NaN`` Python would write."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _valid_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_valid_json(item) for item in value]
-    return value
-
-
 #: ``--render FILE`` suffixes written as one picture of each episode's last frame.
 STILL_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
@@ -354,7 +338,7 @@ def play_episode(
         "success": success,
         "turns": turns,
         "invalid_actions": invalid,
-        "transcript": [{"observation": s.observation, "action": s.action, "reward": s.reward, "info": _jsonable(s.info)} for s in steps],
+        "transcript": [{"observation": s.observation, "action": s.action, "reward": s.reward, "info": jsonable(s.info)} for s in steps],
     }
     if trajectory.error is not None:
         record["error"] = trajectory.error
@@ -429,7 +413,7 @@ def run(
             raise _start_error(exc, env_id, env_kwargs, render_path is not None) from None
         results.append(record)
         if as_json:
-            click.echo(json.dumps(_valid_json(record), default=str, allow_nan=False))
+            click.echo(json.dumps(jsonable(record), allow_nan=False))
         if getattr(chosen, "stopped", False):  # the person quit, or their input ended
             if i + 1 < episodes:
                 click.echo(f"stopped after {_count(i + 1, 'episode')} of {episodes}", err=True)

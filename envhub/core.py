@@ -14,6 +14,7 @@ and explain themselves, the turn limit truncates, and stepping a finished episod
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, SupportsFloat
@@ -102,6 +103,27 @@ def stable_key(data: str | bytes, length: int | None = None) -> str:
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     digest = hashlib.sha256(raw).hexdigest()
     return digest if length is None else digest[:length]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` (an observation, an ``info`` dict, a tool schema) as JSON can hold it: numpy
+    scalars and arrays as Python numbers and lists, tuples and sets as lists (a set sorted), keys
+    as text, a NaN or infinite number as None (JSON has no such numbers, and a reader's parser
+    refuses the ``NaN`` Python would write), anything else as its ``str``. ``envhub run --json``,
+    the OpenEnv server and the trainer's proxy send env data through it."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if isinstance(value, (set, frozenset)):  # in an order every process gives
+        return sorted((jsonable(item) for item in value), key=repr)
+    if isinstance(value, (np.generic, np.ndarray)):
+        return jsonable(value.tolist())
+    return str(value)
 
 
 class TextEnv(gymnasium.Env[str, str]):

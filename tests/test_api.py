@@ -5,7 +5,7 @@ import pytest
 
 import envhub
 from envhub.checker import check_env
-from envhub.core import INFO_KEYS, TextEnv
+from envhub.core import INFO_KEYS, TextEnv, jsonable
 from envhub.error import InvalidEnvId, ResetNeeded, UnknownEnv
 
 ALL_SPECS = envhub.registry.values()
@@ -86,6 +86,20 @@ def test_every_envhub_id_works_with_gymnasium_make(env_spec):
     direct, _ = envhub.make(env_spec.id).reset(seed=1)
     assert observation == direct
     assert env.unwrapped.spec.id == env_spec.id
+
+
+def test_jsonable_gives_what_json_holds_in_the_same_order_in_any_process():
+    import json
+
+    import numpy as np
+
+    info = {"n": np.int64(3), "x": np.float32(0.5), "ok": np.bool_(True), "grid": np.arange(4).reshape(2, 2),
+            "bad": [float("nan"), np.float64("inf"), -float("inf")], 7: ("a", {"b"}), "tags": {"z", "a", "m"}, "where": object}
+    out = jsonable(info)
+    assert out == {"n": 3, "x": 0.5, "ok": True, "grid": [[0, 1], [2, 3]], "bad": [None, None, None], "7": ["a", ["b"]],
+                   "tags": ["a", "m", "z"], "where": "<class 'object'>"}
+    assert type(out["n"]) is int and type(out["x"]) is float and type(out["ok"]) is bool
+    json.dumps(out, allow_nan=False)  # valid JSON: no NaN, no numpy
 
 
 def test_make_overrides_kwargs_and_turn_limit():

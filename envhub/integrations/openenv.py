@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envhub.actions import apply_reply, get_format
-from envhub.core import TextEnv
+from envhub.core import TextEnv, jsonable
 from envhub.error import MissingDependency
 from envhub.executors import DEFAULT_STEP_TIMEOUT
 from envhub.registration import make, spec
@@ -108,10 +108,6 @@ class EnvhubState(State):
     episode_return: float = 0.0
     success: bool = False
     done: bool = True
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
 
 
 class EnvhubEnvironment(Environment[TextAction, TextObservation, EnvhubState]):
@@ -183,7 +179,7 @@ class EnvhubEnvironment(Environment[TextAction, TextObservation, EnvhubState]):
         return TextObservation(
             text=text,
             valid_actions=None if done else self.env.valid_actions(),
-            info=_jsonable({**info, "terminated": bool(terminated), "truncated": bool(truncated)}),
+            info=jsonable({**info, "terminated": bool(terminated), "truncated": bool(truncated)}),
             reward=reward,
             done=done,
         )

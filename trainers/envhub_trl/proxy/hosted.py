@@ -26,25 +26,10 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import envhub
+from envhub.core import jsonable
 from envhub.error import EnvhubError, UnknownEnv
 from envhub_trl.proxy.requests import ProxyRequestError
 from envhub_trl.proxy.sessions import Session, SessionStore
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` as JSON can hold it: numpy values as Python's, a non-finite float and anything
-    else JSON has no type for as its ``str``."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if hasattr(value, "tolist"):  # numpy scalars and arrays
-        return _json_safe(value.tolist())
-    return str(value)
 
 
 class _Hosted:
@@ -112,11 +97,11 @@ class HostedEnvs:
                 session.env_id, session.env_state_key = env_id, str(info.get("state_key", ""))
                 session.env_terminated = session.env_truncated = session.env_success = False
             return self._call(session_id, lambda: {
-                "observation": _json_safe(observation),
-                "info": _json_safe(info),
+                "observation": jsonable(observation),
+                "info": jsonable(info),
                 "instructions": str(getattr(hosted.env, "instructions", "")),
                 "valid_actions": _valid_actions(hosted.env),
-                "tools": _json_safe(hosted.env.tool_schemas()) if hasattr(hosted.env, "tool_schemas") else None,
+                "tools": jsonable(hosted.env.tool_schemas()) if hasattr(hosted.env, "tool_schemas") else None,
             })
 
     def step(self, session_id: str, body: Any) -> dict[str, Any]:
@@ -149,11 +134,11 @@ class HostedEnvs:
             with self.store.lock():
                 _record_step(session, reward, info, bool(terminated), bool(truncated))
             return {
-                "observation": _json_safe(observation),
+                "observation": jsonable(observation),
                 "reward": reward,
                 "terminated": bool(terminated),
                 "truncated": bool(truncated),
-                "info": _json_safe(info),
+                "info": jsonable(info),
                 "valid_actions": None if hosted.done else self._call(session_id, _valid_actions, hosted.env),
             }
 
