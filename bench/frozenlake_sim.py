@@ -29,7 +29,9 @@ The levers the second plateau was screened with (docs/results-rl-alone.md): ``--
 each step's maps replayed from those whose last group was neither all won nor all lost, drawn by
 p(1-p), as sampling for learnability does) and ``--epsilon`` (a uniformly random move in place of
 the sampled one, with that probability a turn).
-``--adam-beta2`` and ``--max-grad-norm`` change the optimizer's step (``adam_beta2``,
+``--format-loss set`` makes a start that learns the four moves' total probability, not their split
+(``set-floor``: with their entropy held up to ``SET_FLOOR``), so that the start is not taught to
+ignore its view. ``--adam-beta2`` and ``--max-grad-norm`` change the optimizer's step (``adam_beta2``,
 ``max_grad_norm``; 0 leaves the gradient unclipped).
 Each evaluation also says how the greedy episodes that lost ended (``hole_in_view``: a step into a
 hole the view showed). ``--save DIR`` keeps the trained model; ``--steps 0`` only evaluates a start.
@@ -266,13 +268,26 @@ def greedy_losses(policy: Any, episodes: list[list[tuple[str, int, float, tuple[
     return {"hole_in_view": sum(seen) / len(episodes), "out_of_turns": late / len(episodes), "invalid": invalid / len(episodes)}
 
 
-def format_start(policy: ModelPolicy, steps: int) -> None:
-    """Supervised steps towards uniform over the four moves on random-walk views (lr 1e-3)."""
+#: ``--format-loss set-floor``: the entropy (nats) the four moves are held up to; uniform is 1.386.
+SET_FLOOR = 1.2
+
+
+def format_start(policy: ModelPolicy, steps: int, loss_kind: str = "uniform") -> None:
+    """Supervised steps on random-walk views (lr 1e-3): towards uniform over the four moves
+    (``uniform``, what imitating the random mover teaches), or towards the four moves' total
+    probability, whatever their split (``set``: the format and nothing of which move)."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
     for k in range(steps):
         maps = [random_map(SIDE, P_ICE, 7 * 10**8 + k * 64 + i) for i in range(64)]
         shown = [turn[0] for episode in play(policy, maps) for turn in episode][:256]
-        loss = -policy.move_logits(policy(shown)).mean()
+        moves = policy.move_logits(policy(shown))
+        if loss_kind == "uniform":
+            loss = -moves.mean()
+        else:
+            loss = -torch.logsumexp(moves, -1).mean()
+            if loss_kind == "set-floor":  # the moves' entropy held up to a floor, not pushed to uniform
+                q = torch.log_softmax(moves, -1)
+                loss = loss - torch.clamp(-(q.exp() * q).sum(-1), max=SET_FLOOR).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -309,6 +324,7 @@ def main() -> None:
     parser.add_argument("--policy", choices=("model", "mlp", "table"), default="model")
     parser.add_argument("--start", default="init", help="model: a model folder, or 'init' (the format-only start made here)")
     parser.add_argument("--format-steps", type=int, default=200)
+    parser.add_argument("--format-loss", choices=("uniform", "set", "set-floor"), default="uniform", help="model, --start init: the start's target: uniform over the moves, or their total probability (set-floor: with the moves' entropy held up to SET_FLOOR nats)")
     parser.add_argument("--estimator", choices=("gigpo", "grpo"), default="gigpo")
     parser.add_argument("--norm", choices=("mean", "mean_std", "relative"), default="mean_std", help="the advantages' normalisation (advantage_norm)")
     parser.add_argument("--steps", type=int, default=300)
@@ -338,7 +354,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     policy = {"table": TablePolicy, "mlp": MLPPolicy}[args.policy]() if args.policy != "model" else ModelPolicy(args.start, args.seed, not args.no_format_sentence)
     if args.policy == "model" and args.start == "init":
-        format_start(policy, args.format_steps)
+        format_start(policy, args.format_steps, args.format_loss)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, weight_decay=0.0, betas=(0.9, args.adam_beta2))
     tempered = policy if args.temperature == 1.0 else Tempered(policy, args.temperature)
     validation = [random_map(SIDE, P_ICE, VALIDATION + i) for i in range(256)]
