@@ -9,7 +9,8 @@ what decides the learning and drops the rest:
   reply costs the run's ``format_penalty`` (-0.1) and the turn;
 - the advantages: :func:`envhub_trl.advantages.gigpo_advantages` or ``grpo_advantages``, exactly as
   the trainer computes them (anchors: the map's group and the position), normalised as
-  ``advantage_norm`` does (``--norm``);
+  ``advantage_norm`` does (``--norm``), positive ones weighted by ``--positive-weight``
+  (``positive_advantage_weight``);
 - the step: one AdamW step a batch on ``-mean(advantage * log p(move))`` (no ratio: one update per
   batch, which the trainer's ratio reduces to), gradient norm clipped at 1, a 10-step warm-up;
 - the policy (``--policy``): ``model``, the run's tiny transformer reading the run's real prompt
@@ -338,6 +339,7 @@ def main() -> None:
     parser.add_argument("--anchor", choices=("state", "context"), default="state", help="gigpo: the step level's anchors (step_anchor): the map's group and the position, or the view across the batch")
     parser.add_argument("--step-weight", type=float, default=1.0, help="gigpo: the step level's weight (step_advantage_weight)")
     parser.add_argument("--gamma", type=float, default=0.95, help="gigpo: the step returns' discount")
+    parser.add_argument("--positive-weight", type=float, default=1.0, help="positive_advantage_weight: positive advantages weighted so, negative ones by 1 (W-REINFORCE's λ)")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="action_entropy_coef: the four moves' entropy (renormalised) added to the objective, weighted as a turn")
     parser.add_argument("--entropy-floor", type=float, default=None, help="action_entropy_floor: reward the entropy only up to this floor")
     parser.add_argument("--epsilon", type=float, default=0.0, help="the training episodes: each move replaced by a uniformly random one with this probability (trained on as sampled)")
@@ -387,6 +389,8 @@ def main() -> None:
             )["advantages"]
         else:
             advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm=args.norm)[trajectory]
+        if args.positive_weight != 1.0:  # positive_advantage_weight, as envhub_trl.estimators.turn_advantages
+            advantages = np.where(advantages > 0, args.positive_weight * advantages, advantages)
         if args.replay:
             won = np.bincount(trajectory, weights=rewards, minlength=len(episodes)) > 0.5
             replay_update(buffer, seeds, won.reshape(len(seeds), args.group_size).mean(axis=1), args.replay_size)

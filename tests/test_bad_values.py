@@ -96,6 +96,7 @@ def test_every_numeric_field_of_the_config_has_bounds():
         ("eval_episodes", 0, "eval_episodes must be >= 1, got 0"),
         ("max_prompt_tokens", 0, "max_prompt_tokens must be >= 1"),
         ("step_gamma", 2.0, "step_reward_gamma must be in [0, 1], got 2.0"),
+        ("positive_advantage_weight", -0.1, "positive_advantage_weight must be >= 0, got -0.1"),
     ],
 )
 def test_the_config_refuses_a_value_out_of_range_naming_field_and_range(tmp_path, field, value, message):

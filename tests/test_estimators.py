@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 from envhub_trl.config import EnvGRPOConfig  # noqa: E402
-from envhub_trl.estimators import ESTIMATORS, EstimatorSettings, TurnBatch, estimate, register  # noqa: E402
+from envhub_trl.estimators import ESTIMATORS, EstimatorSettings, TurnBatch, estimate, register, turn_advantages  # noqa: E402
 
 
 def batch(rewards, traj_index, step_index, groups, keys=None) -> TurnBatch:
@@ -108,6 +108,27 @@ def test_reinforce_plus_plus_folds_a_token_kl_penalty_into_returns_whitened_over
     np.testing.assert_allclose(out["token_advantages"], (returns - returns.mean()) / (returns.std() + 1e-8))
     np.testing.assert_allclose(out["kl"], [0.1, 0.2, 0.0, 0.3, -0.1], atol=1e-12)
     assert "advantages" not in out
+
+
+def test_positive_advantage_weight_scales_what_won_and_keeps_what_lost_per_turn_and_per_token():
+    weighted = EstimatorSettings(positive_weight=0.1)
+    # rloo on THREE_AND_ONE: 0.75, 0.75 | -0.75 | 0.0 | 0.0 (above); episode 2 dropped by the filter.
+    keep = np.array([True, True, False, True])
+    out = turn_advantages(THREE_AND_ONE, "rloo", weighted, keep=keep)
+    np.testing.assert_allclose(out["advantages"], [0.075, 0.075, -0.75, 0.0, 0.0])
+    np.testing.assert_array_equal(out["keep"], keep)
+    # Weight 0 keeps the failures alone (NSR); weight 1 is the estimator's own output, bit for bit.
+    np.testing.assert_allclose(turn_advantages(THREE_AND_ONE, "rloo", EstimatorSettings(positive_weight=0.0))["advantages"], [0, 0, -0.75, 0, 0])
+    np.testing.assert_array_equal(turn_advantages(THREE_AND_ONE, "grpo")["advantages"], estimate("grpo", THREE_AND_ONE)["advantages"])
+    # Per model token (reinforce++): each token's sign decides its weight.
+    turns = batch([0.0, 1.0, 0.5], [0, 0, 1], [0, 1, 0], [0, 1])
+    logps = np.array([-1.0, -2.0, -0.5, -1.0, -3.0])
+    tokens = turns.with_scores([0, 0, 1, 2, 2], logps=logps, ref_logps=logps)
+    plain = estimate("reinforce++", tokens)["token_advantages"]
+    assert (plain > 0).any() and (plain < 0).any()
+    np.testing.assert_allclose(turn_advantages(tokens, "reinforce++", weighted)["token_advantages"], np.where(plain > 0, 0.1 * plain, plain))
+    config = EnvGRPOConfig(output_dir="/tmp/x", report_to="none", positive_advantage_weight=0.1)
+    assert config.estimator_settings().positive_weight == 0.1
 
 
 def test_an_estimator_that_needs_log_probs_refuses_a_batch_without_them():

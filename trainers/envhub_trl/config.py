@@ -28,7 +28,8 @@ Advantages:
     ``gigpo``, ``rloo``, ``step_reinforce``), and, under ROLL's names, ``episode_reward_weight``,
     ``step_reward_weight`` (GiGPO's ω; ``step_advantage_weight`` is an alias) and
     ``step_reward_gamma`` (γ; alias ``step_gamma``); ``advantage_norm`` (``mean`` or ``mean_std``) and
-    ``advantage_norm_scope`` (``group``, ``env`` or ``batch``).
+    ``advantage_norm_scope`` (``group``, ``env`` or ``batch``); ``positive_advantage_weight``
+    (W-REINFORCE's λ on positive advantages).
 Group filtering:
     ``filter_tied_groups`` (drop groups whose returns all tie), ``keep_group_fraction`` (keep the
     top fraction of groups by return std, as RAGEN's StarPO-S), ``keep_group_variance_share`` (keep
@@ -342,6 +343,14 @@ class EnvGRPOConfig(GRPOConfig):
     cliprange_value: float = field(default=0.2, metadata={"help": "PPO: how far a value may move from its old value before the value loss clips it."})
     step_advantage_weight: float | None = field(default=None, metadata={"help": "Alias of step_reward_weight."})
     step_gamma: float | None = field(default=None, metadata={"help": "Alias of step_reward_gamma."})
+    positive_advantage_weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "The weight of positive advantages, negative ones keeping 1 (W-REINFORCE's λ, Zhu et al. 2025, who use 0.1; "
+            "0 trains on failures alone): below 1, a losing move's mass goes to the other moves in their proportions instead "
+            "of onto the move that won once. 1.0 leaves every estimator as it is."
+        },
+    )
     advantage_norm: str = field(
         default="mean_std",
         metadata={"help": "`mean` (subtract the group mean), `mean_std` (also divide by the group std) or `relative` (divide by the group mean, at least 0.1)."},
@@ -529,6 +538,7 @@ class EnvGRPOConfig(GRPOConfig):
             kl_coef=self.kl_coef,
             gamma=self.gamma,
             lam=self.lam,
+            positive_weight=self.positive_advantage_weight,
         )
 
     def check_envs(self) -> None:

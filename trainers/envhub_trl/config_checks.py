@@ -69,6 +69,7 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     # Advantages and losses
     "episode_reward_weight": NON_NEGATIVE,
     "step_reward_weight": NON_NEGATIVE,
+    "positive_advantage_weight": NON_NEGATIVE,
     "step_reward_gamma": UNIT,
     "kl_coef": NON_NEGATIVE,
     "action_entropy_coef": NON_NEGATIVE,

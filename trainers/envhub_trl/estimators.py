@@ -122,6 +122,10 @@ class EstimatorSettings:
         kl_coef: REINFORCE++'s β, the weight of the per-token KL penalty folded into the reward.
         gamma: PPO's discount per turn (GAE's γ).
         lam: PPO's GAE λ.
+        positive_weight: the weight of positive advantages, negative ones keeping 1
+            (:func:`turn_advantages`): W-REINFORCE's λ (Zhu et al. 2025, "The Surprising
+            Effectiveness of Negative Reinforcement in LLM Reasoning", who use 0.1). 1.0 leaves
+            every estimator as it is; 0 trains on failures alone (their NSR).
     """
 
     episode_reward_weight: float = 1.0
@@ -133,6 +137,7 @@ class EstimatorSettings:
     kl_coef: float = 0.01
     gamma: float = 1.0
     lam: float = 0.95
+    positive_weight: float = 1.0
 
 
 Estimator = Callable[[TurnBatch, EstimatorSettings], dict[str, np.ndarray]]
@@ -343,16 +348,23 @@ def turn_advantages(
     ``keep`` is the group filter's verdict per episode (:func:`~envhub_trl.advantages.select_groups`,
     which the pipeline's gather stage applies); None keeps every episode.
 
+    Positive advantages are then weighted by ``settings.positive_weight`` (negative ones keep
+    theirs): a weight below 1 raises what won less than it lowers what failed, so a view's mass
+    leaves a losing move for the others in their proportions instead of piling onto the move that
+    won once, and the policy stays uncertain where it has not yet found a winning move.
+
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
         of dropped groups, and ``keep`` (per episode).
     """
+    settings = settings or EstimatorSettings()
     if keep is None:
         keep = np.ones(len(batch.returns), dtype=bool)
     out = dict(estimate(estimator, batch, settings))
-    if "token_advantages" in out:
-        out["token_advantages"] = np.where(keep[batch.traj_index[batch.token_turn]], out["token_advantages"], 0.0)
-    else:
-        out["advantages"] = np.where(keep[batch.traj_index], out["advantages"], 0.0)
+    key, episode = ("token_advantages", batch.traj_index[batch.token_turn]) if "token_advantages" in out else ("advantages", batch.traj_index)
+    values = np.asarray(out[key])
+    if settings.positive_weight != 1.0:
+        values = np.where(values > 0, settings.positive_weight * values, values)
+    out[key] = np.where(keep[episode], values, 0.0)
     out["keep"] = keep
     return out
