@@ -76,6 +76,8 @@ def test_missing_session_id_oversized_body_and_bad_json(server):
     _error(httpx.put(server.base_url + "/chat/completions"), 405)
     _error(httpx.get(server.base_url + "/envhub/sessions/never"), 404, "session_not_found")
     _error(_post(server, {"reward": "high"}, path="/envhub/sessions/s/reward"), 400)
+    _error(_post(server, {"reward": True}, path="/envhub/sessions/s/reward"), 400)
+    _error(_post(server, None, raw='{"reward": NaN}', path="/envhub/sessions/s/reward"), 400)  # Python's json reads NaN
     assert _post(server, {"reward": 1.5}, path="/envhub/sessions/s/reward").json()["reward"] == 1.5
 
 

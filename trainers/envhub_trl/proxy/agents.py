@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import math
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from envhub.trajectory import Sample, Trajectory, to_samples
 from envhub_trl.proxy.agent_processes import REFERENCE_ATTRIBUTE, AgentProcesses, raised
 from envhub_trl.proxy.engine import ChatProxy
 from envhub_trl.proxy.server import ProxyServer
-from envhub_trl.proxy.sessions import Session, session_trajectory
+from envhub_trl.proxy.sessions import Session, is_reward, session_trajectory
 
 #: ``agent(base_url, api_key, task) -> reward`` (None: the reward was posted to the proxy).
 Agent = Callable[[str, str, Any], "float | None"]
@@ -92,7 +91,7 @@ def _reward_of(value: Any, session: Session) -> tuple[float | None, str | None]:
         value = 0.0
     if value is None:
         return None, "the agent returned no reward, posted none and played no env on the proxy"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_reward(value):
         return None, f"the agent's reward is not a finite number: {value!r}"
     return float(value), None
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import threading
 import time
 from typing import Any
@@ -26,6 +25,7 @@ from envhub_trl.proxy.engine import ChatProxy
 from envhub_trl.proxy.hosted import HostedEnvs
 from envhub_trl.proxy.requests import ProxyRequestError
 from envhub_trl.proxy.responses import session_json
+from envhub_trl.proxy.sessions import is_reward
 
 #: The header a client may send its session id in (else the API key is the session id).
 SESSION_HEADER = "x-envhub-session"
@@ -92,7 +92,7 @@ def create_app(proxy: ChatProxy, *, max_body_bytes: int = 1 << 20, envs: HostedE
     async def reward(request: Request) -> JSONResponse:
         body = await _read_json(request, max_body_bytes)
         value = body.get("reward") if isinstance(body, dict) else None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not is_reward(value):
             raise ProxyRequestError("post {'reward': NUMBER} (a finite number)", param="reward")
         steps = body.get("step_rewards") or {}
         try:

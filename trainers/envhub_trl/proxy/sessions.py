@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -97,6 +98,12 @@ def reply_key(content: str | None, tool_calls: Sequence[dict[str, Any]] = ()) ->
                 pass
         calls.append([function.get("name"), arguments])
     return json.dumps([content or "", calls], sort_keys=True, ensure_ascii=False)
+
+
+def is_reward(value: Any) -> bool:
+    """Whether ``value`` may be a session's reward: a finite int or float, not a bool (which Python
+    counts as an int) and not NaN or infinite, which no advantage survives."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 @dataclasses.dataclass(eq=False)
