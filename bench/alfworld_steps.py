@@ -8,8 +8,9 @@ commands (the same random stream on both sides), with its expert computed as in 
 with ``expert="handcoded"`` asked for its action every turn, and, as a third row, envhub's default
 planner expert. Resets count: a step rate here is turns per second of whole episodes. Then it
 describes ``--stats`` generated tasks (types, planner plan lengths, scene sizes) beside the
-official split's task counts, and plays ``--experts`` tasks with each of ``--expert-kinds`` and ``--random``
-held-out tasks with random admissible commands.
+official split's task counts, and plays ``--experts`` tasks with each of ``--expert-kinds``, ``--random``
+held-out tasks with random admissible commands, and ``--fixed`` held-out tasks with each fixed policy
+(always the K-th admissible command, for K in ``--fixed-indices``; the best is the fixed-policy reference).
 
     python bench/alfworld_steps.py [--episodes 4] [--rounds 3] [--turns 30]
 
@@ -127,7 +128,9 @@ def task_statistics(count: int) -> dict:
 
 def policy_success(count: int, first_seed: int, policy: str, turns: int = 50) -> dict:
     """Success over ``count`` generated tasks from ``first_seed``: an expert (``planner``,
-    ``search`` or ``handcoded``) played to the end, or ``random`` admissible commands (seeded stream)."""
+    ``search`` or ``handcoded``) played to the end, ``random`` admissible commands (seeded stream),
+    or ``index:K``, the fixed policy that always sends the K-th admissible command (counted from the
+    end when K < 0; the last when the list is shorter), which reads nothing of the task or the room."""
     from envhub_alfworld.env import EXPERTS, ALFWorldEnv
 
     env = ALFWorldEnv(expert=policy if policy in EXPERTS else "planner")
@@ -142,6 +145,9 @@ def policy_success(count: int, first_seed: int, policy: str, turns: int = 50) ->
             if policy == "random":
                 legal = env.valid_actions()
                 action = legal[int(rng.integers(len(legal)))]
+            elif policy.startswith("index:"):
+                legal, index = env.valid_actions(), int(policy.split(":")[1])
+                action = legal[max(-len(legal), min(index, len(legal) - 1))]
             else:
                 action = env.expert_action()
                 if action is None:
@@ -166,6 +172,8 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=100, help="generated tasks (seeds 0..) each expert plays to the end, 50 turns (0: none)")
     parser.add_argument("--expert-kinds", nargs="+", default=["planner", "search", "handcoded"], help="the experts --experts plays")
     parser.add_argument("--random", type=int, default=40, help="held-out generated tasks (seeds 1e9..) of random admissible commands, 50 turns (0: none)")
+    parser.add_argument("--fixed", type=int, default=40, help="held-out generated tasks (seeds 1e9..) each fixed policy plays, 20 turns as examples/alfworld_tiny.yaml (0: none)")
+    parser.add_argument("--fixed-indices", type=int, nargs="+", default=[0, 1, 2, 3, 4, -1], help="the fixed policies: always the K-th admissible command")
     args = parser.parse_args()
     from envhub_alfworld.env import ALFWorldEnv
 
@@ -201,12 +209,18 @@ def main() -> None:
     policies = [policy_success(args.experts, 0, name) for name in args.expert_kinds if args.experts]
     if args.random:
         policies.append(policy_success(args.random, 10**9, "random"))
+    fixed = [policy_success(args.fixed, 10**9, f"index:{k}", turns=20) for k in args.fixed_indices] if args.fixed else []
+    policies += fixed
     for row in policies:
         types = ", ".join(f"{kind} {w}/{n}" for kind, (w, n) in row["per_type"].items())
         print(f"{row['policy']:9s} won {row['won']}/{row['tasks']} (seeds from {row['first_seed']}), "
               f"{row['commands_per_task']:.2f} commands a task; {types}")
+    best = max(fixed, key=lambda row: row["won"], default=None)
+    if best:
+        print(f"best fixed policy: {best['policy']}, {best['won']}/{best['tasks']} held-out tasks in 20 turns")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "rows": rows, "task_statistics": stats, "policies": policies}, indent=2))
+    RESULTS.write_text(json.dumps({"args": vars(args), "rows": rows, "task_statistics": stats, "policies": policies,
+                                   "best_fixed": best}, indent=2))
 
 
 if __name__ == "__main__":

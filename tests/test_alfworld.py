@@ -309,3 +309,25 @@ def test_bench_alfworld_replies_counts_a_run_against_the_search_expert(tmp_path)
     assert (out["episodes"], out["won"], out["commands"], out["invalid"], out["invalid_repeating_the_previous"]) == (1, 1, commands, 2, 1)
     assert sum(kind["of"] - kind["same"] for kind in out["agreement"].values()) == 2
     assert out["first_disagreements"][0]["model"] == "go to cabinet 99"
+
+
+def test_bench_alfworld_steps_fixed_policy_sends_the_kth_admissible_command_clamped():
+    """bench/alfworld_steps.py's fixed-policy reference: index:K sends the K-th admissible command
+    (the last where the list is shorter, counted from the end for K < 0) and reads nothing else."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("alfworld_steps", Path(__file__).parents[1] / "bench" / "alfworld_steps.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sent = []
+    step = ALFWorldEnv.step
+
+    def recording(env, action):
+        sent.append((action, env.valid_actions()))
+        return step(env, action)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ALFWorldEnv, "step", recording)
+        rows = [bench.policy_success(1, 10**9, policy, turns=3) for policy in ("index:0", "index:999", "index:-2")]
+    assert [(row["won"], row["commands_per_task"]) for row in rows] == [(0, 3.0)] * 3
+    assert [action == legal[k] for (action, legal), k in zip(sent, [0] * 3 + [-1] * 3 + [-2] * 3)] == [True] * 9
