@@ -348,7 +348,7 @@ class EnvGRPOConfig(GRPOConfig):
         metadata={
             "help": "The weight of positive advantages, negative ones keeping 1 (W-REINFORCE's λ, Zhu et al. 2025, who use 0.1; "
             "0 trains on failures alone): below 1, a losing move's mass goes to the other moves in their proportions instead "
-            "of onto the move that won once. 1.0 leaves every estimator as it is."
+            "of onto the move that won once (it did not keep FrozenLake's moves uncertain: docs/results-rl-alone.md). 1.0 leaves every estimator as it is."
         },
     )
     advantage_norm: str = field(

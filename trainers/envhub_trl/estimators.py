@@ -351,7 +351,8 @@ def turn_advantages(
     Positive advantages are then weighted by ``settings.positive_weight`` (negative ones keep
     theirs): a weight below 1 raises what won less than it lowers what failed, so a view's mass
     leaves a losing move for the others in their proportions instead of piling onto the move that
-    won once, and the policy stays uncertain where it has not yet found a winning move.
+    won once, meant to keep the policy uncertain where it has not yet found a winning move (on
+    FrozenLake it did not: docs/results-rl-alone.md).
 
     Returns:
         The estimator's output with ``advantages`` (or ``token_advantages``) set to 0 on the turns
