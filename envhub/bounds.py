@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or a float and not a bool (which Python counts as an int)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float))
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The values a numeric config field accepts: finite numbers from ``low`` to ``high`` (each
@@ -75,5 +80,5 @@ def check_bounds(values: Any, bounds: dict[str, Bounds]) -> None:
         value = getattr(values, name, None)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed.admits(value):
+        if not is_number(value) or not allowed.admits(value):
             raise ValueError(f"{name} must be {allowed.describe()}, got {value!r}")

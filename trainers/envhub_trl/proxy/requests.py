@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from envhub.bounds import is_number
 from envhub.error import EnvhubError
 
 #: The roles a message may have.
@@ -87,7 +88,7 @@ def _number(body: Mapping[str, Any], key: str, default: float, low: float, high:
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise ProxyRequestError(f"{key} must be a number, got {type(value).__name__}", param=key)
     if value > high or value < low or (low_open and value == low):
         bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"

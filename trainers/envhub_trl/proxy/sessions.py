@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from envhub.bounds import is_number
 from envhub.trajectory import Trajectory, Turn
 
 
@@ -103,7 +104,7 @@ def reply_key(content: str | None, tool_calls: Sequence[dict[str, Any]] = ()) ->
 def is_reward(value: Any) -> bool:
     """Whether ``value`` may be a session's reward: a finite int or float, not a bool (which Python
     counts as an int) and not NaN or infinite, which no advantage survives."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 @dataclasses.dataclass(eq=False)
