@@ -68,7 +68,7 @@ import torch
 import yaml
 
 from envhub_frozenlake.env import random_map
-from envhub_trl.advantages import gigpo_advantages, grpo_advantages
+from envhub_trl.advantages import gigpo_advantages, grpo_advantages, weigh_positive
 from envhub_trl.loss_inputs import entropy_bonus
 
 ROOT = Path(__file__).resolve().parent
@@ -389,8 +389,7 @@ def main() -> None:
             )["advantages"]
         else:
             advantages = grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm=args.norm)[trajectory]
-        if args.positive_weight != 1.0:  # positive_advantage_weight, as envhub_trl.estimators.turn_advantages
-            advantages = np.where(advantages > 0, args.positive_weight * advantages, advantages)
+        advantages = weigh_positive(advantages, args.positive_weight)
         if args.replay:
             won = np.bincount(trajectory, weights=rewards, minlength=len(episodes)) > 0.5
             replay_update(buffer, seeds, won.reshape(len(seeds), args.group_size).mean(axis=1), args.replay_size)

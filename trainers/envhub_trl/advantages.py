@@ -68,6 +68,13 @@ def group_normalize(
     return np.where(counts[labels] > 1, centred, 0.0)
 
 
+def weigh_positive(advantages: np.ndarray, weight: float) -> np.ndarray:
+    """Positive advantages times ``weight``, negative ones as they are (``positive_advantage_weight``,
+    W-REINFORCE's λ); the same array where ``weight`` is 1."""
+    advantages = np.asarray(advantages)
+    return advantages if weight == 1.0 else np.where(advantages > 0, weight * advantages, advantages)
+
+
 def grpo_advantages(returns: np.ndarray, groups: np.ndarray, norm: Norm = "mean_std", eps: float = 1e-6) -> np.ndarray:
     """Episode-level GRPO advantage of each trajectory: its return normalised within its env group.
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from envhub.trajectory import Trajectory, step_arrays
-from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, group_normalize, grpo_advantages
+from envhub_trl.advantages import Norm, discounted_returns, gigpo_advantages, group_normalize, grpo_advantages, weigh_positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,9 +363,6 @@ def turn_advantages(
         keep = np.ones(len(batch.returns), dtype=bool)
     out = dict(estimate(estimator, batch, settings))
     key, episode = ("token_advantages", batch.traj_index[batch.token_turn]) if "token_advantages" in out else ("advantages", batch.traj_index)
-    values = np.asarray(out[key])
-    if settings.positive_weight != 1.0:
-        values = np.where(values > 0, settings.positive_weight * values, values)
-    out[key] = np.where(keep[episode], values, 0.0)
+    out[key] = np.where(keep[episode], weigh_positive(out[key], settings.positive_weight), 0.0)
     out["keep"] = keep
     return out
