@@ -112,6 +112,47 @@ def test_a_group_that_differs_by_format_penalties_alone_is_tied_by_success():
     assert [t.seed for t in filled[:2]] == [5, 5] and refill.success_first == 0.25
 
 
+def level(success, seed, env_id="test/Env-v0", reward=None):
+    return dataclasses.replace(episode([float(success) if reward is None else reward], seed=seed, env_id=env_id), success=success)
+
+
+def test_retry_unsolved_shares_a_batch_of_plays_over_the_unsolved_levels_and_puts_their_wins_in_failed_places():
+    # Groups of 4 on levels 1 (solved once), 2 and 3 (never solved).
+    first = [level(s, 1) for s in (True, False, False, False)] + [level(False, 2)] * 4 + [level(False, 3)] * 4
+    first = [dataclasses.replace(t, member=i % 4, index=i, group_id=i // 4) for i, t in enumerate(first)]
+    asked = []
+
+    def play_round(slots):
+        asked.append(slots)
+        # The slots play the unsolved levels in turn: level 2 wins three plays of its 8 (all in its first slot).
+        wins = [True, False, True, True] if len(asked) == 1 else [False] * 4
+        return [level(w and k == 0, [1, 2, 3][g]) for k, g in enumerate(slots) for w in wins]
+
+    filled, retry = pipeline.retry_unsolved(first, play_round, group_size=4, rounds=2)
+    assert asked == [[1, 2, 1], [2, 2, 2]]  # round 1: levels 2, 3, 2 in the three slots; round 2: level 3 alone
+    assert [t.success for t in filled[4:8]] == [True, True, False, False]  # two wins, up to half the group
+    assert [(t.member, t.index, t.group_id) for t in filled[4:8]] == [(0, 4, 1), (1, 5, 1), (2, 6, 1), (3, 7, 1)]
+    assert filled[:4] == first[:4] and [t.success for t in filled[8:]] == [False] * 4  # a solved group is left as it was
+    assert retry == pipeline.Retry(rounds=2, unsolved_first=2, solved_later=1, episodes=24, wins_kept=2)
+    assert len(filled) == len(first) and all(t.seed == first[i].seed for i, t in enumerate(filled))
+
+
+def test_retry_unsolved_stops_once_every_group_is_solved_and_keeps_a_mixs_envs_in_their_slots():
+    first = [level(True, 1, "a/A-v0"), level(False, 1, "a/A-v0"), level(False, 2, "b/B-v0"), level(False, 2, "b/B-v0")]
+    asked = []
+
+    def play_round(slots):
+        asked.append(slots)
+        return [level(g == 1, [1, 2][g], ["a/A-v0", "b/B-v0"][s]) for s, g in enumerate(slots) for _ in range(2)]
+
+    filled, retry = pipeline.retry_unsolved(first, play_round, group_size=2, rounds=5)
+    assert asked == [[0, 1]]  # env a has no unsolved group: its slot plays its own (solved) group, which is not used
+    assert [t.success for t in filled] == [True, False, True, False] and retry.rounds == 1 and retry.solved_later == 1
+    assert pipeline.retry_unsolved(first[:2], play_round, group_size=2, rounds=5)[1].rounds == 0  # nothing unsolved
+    with pytest.raises(ValueError, match="whole groups"):
+        pipeline.retry_unsolved(first[:3], play_round, group_size=2, rounds=1)
+
+
 def test_play_then_gather_on_a_real_manager_without_a_model():
     from envhub.generation import ExpertGenerator, SamplingParams
     from envhub.manager import EnvGroupManager

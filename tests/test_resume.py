@@ -127,6 +127,11 @@ MODES = {
         advantage_estimator="grpo", rollout_mode="continuous", per_device_train_batch_size=4,
         curriculum={"stages": [{"max_turns": 2}, {"max_turns": 3}], "advance_at": 0.0, "window": 2},
     ),
+    # The retries' rounds (seeded by the step) and self-imitation's memory (in the checkpoint) and its draws.
+    "retries-self-imitation": dict(
+        advantage_estimator="gigpo", retry_unsolved_rounds=1, self_imitation_coef=0.5, self_imitation_rows=8, self_imitation_memory=64,
+        max_turns=8,  # the expert's half of the plays reaches the goal: wins to remember
+    ),
     # With no staleness allowed every batch is played with the current weights: the producer's position alone matters.
     "async-staleness-0": dict(advantage_estimator="grpo", rollout_mode="async", max_staleness=0, per_device_train_batch_size=4),
 }
@@ -170,6 +175,9 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_weights(tiny, tmp_path, 
         assert _max_difference(
             {k_: v for k_, v in resumed._reference.state_dict().items()}, {k_: v for k_, v in whole._reference.state_dict().items()}
         ) == 0.0
+    if mode == "retries-self-imitation":
+        assert len(whole.win_memory) > 0 and resumed.win_memory.rows == whole.win_memory.rows
+        assert any(e.get("self_imitation/nll") for e in _trained_log(whole))  # the term was in the loss
     if mode.startswith("curriculum"):
         assert resumed.curriculum.stage == whole.curriculum.stage == 1
         assert [e["curriculum/stage"] for e in _trained_log(whole)] == [0.0, 0.0, 1.0]

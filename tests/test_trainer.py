@@ -142,6 +142,60 @@ def test_dynamic_sampling_trains_on_untied_groups_replayed_in_the_tied_ones_plac
         assert all(len({t.seed for t in group}) == 1 for group in groups) and [t.seed for t in local] != seeds
 
 
+def test_config_bounds_the_retries_of_unsolved_groups_and_refuses_what_they_cannot_join(tmp_path):
+    with pytest.raises(ValueError, match="retry_unsolved_rounds"):
+        _config(tmp_path, retry_unsolved_rounds=-1)
+    with pytest.raises(ValueError, match="rollout_mode='async' plays ahead"):
+        _config(tmp_path, retry_unsolved_rounds=2, rollout_mode="async")
+    with pytest.raises(ValueError, match="retry_unsolved_rounds and dynamic_sampling_rounds"):
+        _config(tmp_path, retry_unsolved_rounds=2, dynamic_sampling_rounds=2)
+
+
+def test_retries_train_on_the_unsolved_levels_own_wins_in_the_places_of_failed_members(tiny, tmp_path, monkeypatch):
+    """The trainer's retries of unsolved groups: a first round that every group loses (the untrained
+    model alone plays it) is followed by a round on the same levels, half of it played by the expert;
+    the batch trained on holds each level's wins in the places of its failed members, on the same
+    seeds and with as many episodes, and the rounds and shares are logged."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl import pipeline
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    class FirstRoundLoses(HalfExpert):
+        model_only = True
+
+        def generate(self, prompts, sampling):
+            return self.hf.generate(prompts, sampling) if self.model_only else super().generate(prompts, sampling)
+
+    play_round, gathered, real, rounds = EnvGRPOTrainer._play_round, [], pipeline.gather, []
+
+    def played(self, seeds, group_size, mode, round=0):
+        self.generator.model_only = round == 0
+        episodes = play_round(self, seeds, group_size, mode, round=round)
+        rounds.append((round, [t.seed for t in episodes]))
+        assert round > 0 or not any(t.success for t in episodes)
+        return episodes
+
+    monkeypatch.setattr(EnvGRPOTrainer, "_play_round", played)
+    monkeypatch.setattr(pipeline, "gather", lambda local, **kw: gathered.append(list(local)) or real(local, **kw))
+    path, tokenizer = tiny
+    model = AutoModelForCausalLM.from_pretrained(path)
+    config = _config(tmp_path, retry_unsolved_rounds=3, max_turns=8, groups_per_step=4, per_device_train_batch_size=16)
+    trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=FirstRoundLoses(model, tokenizer))
+    trainer.train()
+    log = {key: [entry[key] for entry in trainer.state.log_history if key in entry]
+           for key in ("retry/rounds", "retry/unsolved_first", "retry/solved_later", "retry/success_first")}
+    assert log == {"retry/rounds": [1.0, 1.0], "retry/unsolved_first": [1.0, 1.0], "retry/solved_later": [1.0, 1.0],
+                   "retry/success_first": [0.0, 0.0]}
+    training = [seeds for n, seeds in rounds if n == 0 and len(seeds) == 16]
+    assert [n for n, _ in rounds if n] == [1, 1]  # one further round a step: every level won in it
+    for local, seeds in zip(gathered, training):
+        assert [t.seed for t in local] == seeds  # the same levels, in the same places
+        groups = [local[i : i + 4] for i in range(0, 16, 4)]
+        assert all(1 <= sum(t.success for t in group) <= 2 for group in groups)  # wins kept, up to half a group
+        assert [t.member for t in local] == [0, 1, 2, 3] * 4
+
+
 def test_a_zero_gradient_step_leaves_adams_weights_alone_and_the_schedule_goes_on():
     """Adam moves the weights on a zero gradient by its moments; the skip holds them, logs each
     step, still steps on a NaN gradient, and stays a bound method under torch's LR scheduler."""

@@ -63,10 +63,14 @@ def _clock(seconds: float) -> str:
 
 def progress_line(step: int, total: int, metrics: Mapping[str, list[float]], step_seconds: float, eta_seconds: float) -> str:
     """One RL step in words: ``RL step 3/10: training success 25.0%, return 0.25, invalid replies
-    12.5%, 4.1 s/step, ETA 0:29`` (a metric the step has not logged is left out)."""
+    12.5%, 4.1 s/step, ETA 0:29`` (a metric the step has not logged is left out). With
+    ``retry_unsolved_rounds``, training success is the first round's, the policy's own, and the
+    batch's (its kept wins in) follows it."""
     parts = [f"RL step {step}/{total}:"]
     shown = (("env/success_rate", "training success {:.1%}"), ("env/mean_return", "return {:.3g}"), ("env/invalid_action_rate", "invalid replies {:.1%}"))
     figures = [text.format(metrics[key][-1]) for key, text in shown if metrics.get(key)]
+    if metrics.get("retry/success_first") and metrics.get("env/success_rate"):
+        figures[0] = f"training success {metrics['retry/success_first'][-1]:.1%} ({metrics['env/success_rate'][-1]:.1%} with the retries' wins)"
     figures += [f"{step_seconds:.1f} s/step", f"ETA {_clock(eta_seconds)}"]
     return " ".join(parts) + " " + ", ".join(figures)
 

@@ -36,7 +36,10 @@ Group filtering:
     the groups that hold the top share of the batch's return variance, RAGEN-2's top-p filter);
     ``dynamic_sampling_rounds`` (DAPO's dynamic sampling: tied groups replaced by groups played on
     new seeds, up to that many rounds of play a batch) and ``tied_by`` (what a tied group ties on:
-    ``return`` or ``success``); ``skip_zero_gradient_steps`` (no optimiser step where the gradient is
+    ``return`` or ``success``); ``retry_unsolved_rounds`` (further rounds of play for the groups no
+    member solved, their wins put in the places of failed members); ``self_imitation_coef``,
+    ``self_imitation_memory`` and ``self_imitation_rows`` (the policy's remembered wins imitated,
+    :mod:`envhub_trl.self_imitation`); ``skip_zero_gradient_steps`` (no optimiser step where the gradient is
     exactly zero, as where a step kept no group).
 Failing environments:
     ``max_env_error_rate`` (an env that raises ends its episode alone, which is left out of the
@@ -384,6 +387,28 @@ class EnvGRPOConfig(GRPOConfig):
             "last round are dropped from the loss. 1: off."
         },
     )
+    retry_unsolved_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "Exploration where the policy fails (Knapsack RL's budget for hard prompts, PODS's down-sampling): for each "
+            "training group that no member solved, up to this many further rounds of play on its level, each round a whole "
+            "batch's episodes shared out over the groups still unsolved; a round's wins take the places of the group's failed "
+            "members (up to half the group) and the other further episodes are left out, so the loss costs what it did. Needs "
+            "an env that reports success. 0: off."
+        },
+    )
+    self_imitation_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "Self-imitation (SIL, Oh et al. 2018): this times the mean negative log-likelihood of the model tokens of "
+            "remembered winning episodes (of groups that not every member won: the policy's own wins on levels it does not "
+            "always win), over self_imitation_rows of them drawn each micro-step, added to the loss. 0: off."
+        },
+    )
+    self_imitation_memory: int = field(
+        default=4096, metadata={"help": "Self-imitation: the rows (turns in the step layout) of wins remembered, the latest kept."}
+    )
+    self_imitation_rows: int = field(default=256, metadata={"help": "Self-imitation: remembered rows drawn for each micro-step's term."})
     tied_by: str = field(
         default="return",
         metadata={

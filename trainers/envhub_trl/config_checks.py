@@ -81,6 +81,10 @@ FIELD_BOUNDS: dict[str, Bounds] = {
     "keep_group_fraction": Bounds(low=0, high=1, low_open=True),
     "keep_group_variance_share": Bounds(low=0, high=1, low_open=True),
     "dynamic_sampling_rounds": AT_LEAST_ONE,
+    "retry_unsolved_rounds": NON_NEGATIVE,
+    "self_imitation_coef": NON_NEGATIVE,
+    "self_imitation_memory": AT_LEAST_ONE,
+    "self_imitation_rows": AT_LEAST_ONE,
     "max_env_error_rate": UNIT,
     "beta": NON_NEGATIVE,
     "epsilon": NON_NEGATIVE,
@@ -188,6 +192,10 @@ def check_rules(config: Any) -> None:
         raise ValueError(f"tied_by must be one of {TIED_BY}, got {c.tied_by!r}")
     if c.dynamic_sampling_rounds > 1 and c.rollout_mode == "async":
         raise ValueError("dynamic_sampling_rounds replays a batch's tied groups before training on it; rollout_mode='async' plays ahead: use one of them")
+    if c.retry_unsolved_rounds and c.rollout_mode == "async":
+        raise ValueError("retry_unsolved_rounds replays a batch's unsolved groups before training on it; rollout_mode='async' plays ahead: use one of them")
+    if c.retry_unsolved_rounds and c.dynamic_sampling_rounds > 1:
+        raise ValueError("retry_unsolved_rounds and dynamic_sampling_rounds both replay a batch's groups (the same levels, or new ones): use one of them")
     if c.ratio_type not in RATIO_TYPES:
         raise ValueError(f"ratio_type must be one of {RATIO_TYPES}, got {c.ratio_type!r}")
     if c.ratio_type == "segment" and (c.importance_sampling_level != "token" or c.use_liger_kernel):
@@ -263,12 +271,13 @@ def set_generation_batch(c: Any) -> None:
 
 
 def check_whole_groups(c: Any) -> None:
-    """Dynamic sampling replays a process's tied groups whole, so each process's share of the
-    generation batch must hold whole groups (known once TRL has set the batch from the processes)."""
+    """Dynamic sampling and the retries of unsolved groups replay a process's groups whole, so each
+    process's share of the generation batch must hold whole groups (known once TRL has set the batch from the processes)."""
     rows = c.generation_batch_size // c.world_size
-    if c.dynamic_sampling_rounds > 1 and rows % c.num_generations:
+    replaying = "dynamic_sampling_rounds" if c.dynamic_sampling_rounds > 1 else "retry_unsolved_rounds" if c.retry_unsolved_rounds else None
+    if replaying and rows % c.num_generations:
         raise ValueError(
-            f"dynamic_sampling_rounds replays whole groups on each process, and each of the {c.world_size} processes holds "
+            f"{replaying} replays whole groups on each process, and each of the {c.world_size} processes holds "
             f"{rows} episodes of the generation batch, not a multiple of group_size={c.num_generations}: make groups_per_step a "
             f"multiple of the number of processes"
         )

@@ -232,6 +232,68 @@ def refill_tied(
     return [t for group in groups for t in group], Refill(rounds=played, tied_first=tied_first, tied_left=len(tied), success_first=success_first)
 
 
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """What :func:`retry_unsolved` did: the further rounds it played, the groups no member of the
+    first round solved, how many of those a further round solved, the further episodes played, and
+    the wins it put into the batch."""
+
+    rounds: int
+    unsolved_first: int
+    solved_later: int
+    episodes: int
+    wins_kept: int
+
+
+def retry_unsolved(
+    first: Sequence[Trajectory],
+    play_round: Callable[[list[int]], Sequence[Trajectory]],
+    *,
+    group_size: int,
+    rounds: int,
+) -> tuple[list[Trajectory], Retry]:
+    """Further plays of the levels that no member of their group solved, and their wins in the batch.
+
+    Where the policy fails a level in every play, its group ties and teaches nothing; the level's
+    rare win is what would. So, as Knapsack RL gives the hard prompts more of the rollout budget:
+    round after round (at most ``rounds``), the groups of ``first`` still unsolved share out the
+    slots of a whole batch, cycling, and ``play_round(slot_groups)`` plays them (``slot_groups``:
+    for each of the batch's groups, in order, the group whose level its slot plays; ``group_size``
+    episodes a slot). A round's wins for a group take the places of its failed first-round
+    members, up to half the group (PODS's max-variance down-sampling: the group trained on is the
+    one of largest reward variance the plays allow); every other further episode is left out.
+    The batch keeps its size and its groups, so the loss costs what it did; a round costs a round
+    of play. A slot takes only a group of the same env as the group it stands for in ``first``
+    (a mix's envs keep their places), or, with none of that env unsolved, that same group.
+    """
+    if len(first) % group_size:
+        raise ValueError(f"retrying unsolved groups needs whole groups: {len(first)} episodes in groups of {group_size}")
+    groups = [list(first[i : i + group_size]) for i in range(0, len(first), group_size)]
+    unsolved = [g for g, group in enumerate(groups) if not any(t.success for t in group)]
+    unsolved_first, played, episodes, kept = len(unsolved), 0, 0, {g: 0 for g in unsolved}
+    while unsolved and played < rounds:
+        slots, taken = [], dict.fromkeys((groups[g][0].env_id for g in unsolved), 0)
+        for slot, group in enumerate(groups):
+            env_id = group[0].env_id
+            same_env = [g for g in unsolved if groups[g][0].env_id == env_id]
+            slots.append(same_env[taken[env_id] % len(same_env)] if same_env else slot)
+            if same_env:
+                taken[env_id] += 1
+        further = list(play_round(slots))
+        played, episodes = played + 1, episodes + len(further)
+        for slot, g in enumerate(slots):
+            for trajectory in further[slot * group_size : (slot + 1) * group_size]:
+                if g in kept and trajectory.success and kept[g] < group_size // 2:
+                    old = groups[g][kept[g]]
+                    groups[g][kept[g]] = dataclasses.replace(trajectory, group_id=old.group_id, member=old.member, index=old.index)
+                    kept[g] += 1
+        unsolved = [g for g in unsolved if not kept[g]]
+    solved_later = sum(1 for count in kept.values() if count)
+    return [t for group in groups for t in group], Retry(
+        rounds=played, unsolved_first=unsolved_first, solved_later=solved_later, episodes=episodes, wins_kept=sum(kept.values())
+    )
+
+
 def check_has_turns(trajectory: Trajectory) -> None:
     """Raise :class:`RolloutError` for an episode that ended without a single turn though its env
     did not fail (an env that failed ends only its own episode: :func:`screen` sets it aside)."""

@@ -19,6 +19,8 @@ files beside it) holds:
   Trainer's data skipping restores; in async rollouts it is the producer's position (the next
   generation batch index), saved here.
 - The curriculum's stage and its window of recent training success.
+- Self-imitation's remembered wins (``envhub_win_memory_<process>.json``), which its loss term
+  draws from.
 - The training metrics gathered since the last log line, which that line averages.
 - REINFORCE++'s frozen reference (``reference_model.safetensors``): the policy as RL started,
   not the checkpoint's weights.
@@ -83,6 +85,8 @@ REFERENCE_FILE = "reference_model.safetensors"
 BASE_FILE = "envhub_base_weights.safetensors"
 #: One process's generation batch under training, when the checkpoint falls inside one.
 BUFFER_FILE = "envhub_buffered_inputs_{process}.pt"
+#: Self-imitation's remembered wins, one file per process.
+MEMORY_FILE = "envhub_win_memory_{process}.json"
 #: ``envhub train``'s record in a checkpoint folder (what the trainer's ``run_record`` holds).
 RECORD_FILE = "envhub_train.json"
 #: Config fields a resumed run may change: they touch neither the run's course nor its figures.
@@ -272,6 +276,8 @@ def save(trainer: EnvGRPOTrainer, folder: str | Path) -> None:
     buffered = trl_bridge.buffered_inputs(trainer) is not None and trainer.micro_step % _generate_every(trainer) != 0
     if buffered:
         torch.save(trl_bridge.buffered_inputs(trainer), folder / BUFFER_FILE.format(process=trainer.accelerator.process_index))
+    if trainer.win_memory is not None:
+        (folder / MEMORY_FILE.format(process=trainer.accelerator.process_index)).write_text(json.dumps(trainer.win_memory.state()))
     if not trainer.accelerator.is_main_process:
         return
     from safetensors.torch import save_model
@@ -386,6 +392,11 @@ def restore(trainer: EnvGRPOTrainer, checkpoint: str | Path) -> bool:
         trainer.curriculum.recent.extend(float(x) for x in saved_curriculum["recent"])
         trainer.curriculum.restored = True  # not again from the log
     trl_bridge.set_pending_metrics(trainer, state["pending_metrics"])
+    if trainer.win_memory is not None:
+        memory = folder / MEMORY_FILE.format(process=trainer.accelerator.process_index)
+        if not memory.is_file():
+            raise ResumeError(f"{folder} holds no {memory.name}, the self-imitation memory this run keeps; resume from another checkpoint")
+        trainer.win_memory.load(json.loads(memory.read_text()))
     if state["reference"]:
         _restore_reference(trainer, folder)
     if state.get("base_weights"):  # absent in checkpoints from before it was saved

@@ -52,6 +52,7 @@ from envhub_trl.evaluation import evaluate_generator, held_out_seeds
 from envhub_trl.generators import backend, capabilities_of
 from envhub_trl.lora import fold_adapter, merged_weights
 from envhub_trl.mix import EnvEntry, group_env_ids
+from envhub_trl.self_imitation import WinMemory, imitation_loss, imitation_rows
 from envhub_trl.trl_bridge import TRLBridge, episode_return, loadable_reference
 
 
@@ -134,6 +135,8 @@ class EnvGRPOTrainer(TRLBridge):
         self._synced_step = -1
         self._batch_seeds: list[int] = []
         self.value_head: ValueHead | None = None  # PPO's critic (envhub_trl.critic), beside the model
+        #: Self-imitation's remembered wins (envhub_trl.self_imitation); None when it is off.
+        self.win_memory: WinMemory | None = WinMemory(args.self_imitation_memory) if args.self_imitation_coef else None
         self.agents = AgentRollouts(agent, tasks or [], processes=args.agent_processes).attach(self) if agent is not None else None
         if "values" in NEEDS[args.advantage_estimator]:
             unwrapped = self.accelerator.unwrap_model(self.model)
@@ -283,6 +286,29 @@ class EnvGRPOTrainer(TRLBridge):
         inputs = [row if int(row["env_seed"]) == t.seed else {**row, "env_seed": t.seed, "prompt": f"env seed {t.seed}"} for row, t in zip(inputs, filled)]
         return filled, inputs
 
+    def _retry_unsolved(self, trajectories: list[Trajectory], group_size: int) -> list[Trajectory]:
+        """Further rounds on the levels no member of their group solved
+        (:func:`~envhub_trl.pipeline.retry_unsolved`), each slot reset with the seed of the group
+        it plays, each round sampled apart. Logs ``retry/rounds``, ``retry/unsolved_first`` (the
+        share of groups no member of the first round solved), ``retry/solved_later`` (the share of
+        those a further round solved), ``retry/episodes`` (further episodes played),
+        ``retry/wins_kept`` and ``retry/success_first`` (the first round's success rate: ``env/``
+        figures are the batch's, its kept wins included)."""
+        seeds = [t.seed for t in trajectories[::group_size]]
+        played = itertools.count(1)
+
+        def play_round(slots: list[int]) -> list[Trajectory]:
+            return self._play_round(np.repeat([seeds[g] for g in slots], group_size).tolist(), group_size, "train", round=next(played))
+
+        filled, retry = pipeline.retry_unsolved(trajectories, play_round, group_size=group_size, rounds=self.args.retry_unsolved_rounds)
+        groups = max(len(seeds), 1)
+        self.log_metrics("train", {
+            "retry/rounds": float(retry.rounds), "retry/unsolved_first": retry.unsolved_first / groups,
+            "retry/solved_later": retry.solved_later / max(retry.unsolved_first, 1), "retry/episodes": float(retry.episodes),
+            "retry/wins_kept": float(retry.wins_kept), "retry/success_first": float(np.mean([t.success for t in trajectories])),
+        })
+        return filled
+
     # ------------------------------------------------------------------ the stages
 
     def generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,6 +328,9 @@ class EnvGRPOTrainer(TRLBridge):
         refilling = mode == "train" and args.dynamic_sampling_rounds > 1
         if refilling:
             trajectories, inputs = self._refill_tied(trajectories, inputs, group_size)
+        first_round = trajectories
+        if mode == "train" and args.retry_unsolved_rounds:
+            trajectories = self._retry_unsolved(trajectories, group_size)
         batch = pipeline.gather(
             trajectories, group_size=group_size, process_index=self.accelerator.process_index, collect=gather_object,
             drop_tied=args.filter_tied_groups or refilling, tied_by=args.tied_by, keep_fraction=args.keep_group_fraction,
@@ -318,6 +347,10 @@ class EnvGRPOTrainer(TRLBridge):
             train_invalid_stops=args.train_invalid_stop_strings,
             most_rows=lambda count: int(self.accelerator.gather(torch.tensor([count], device=device)).max()),  # over processes
         )
+        if self.win_memory is not None and mode == "train":
+            added = imitation_rows(batch)
+            self.win_memory.add(added)
+            self.log_metrics(mode, {"self_imitation/rows_added": float(len(added)), "self_imitation/memory": float(len(self.win_memory))})
         output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
         width = output["completion_ids"].shape[1]
         needs = NEEDS[args.advantage_estimator]
@@ -340,7 +373,9 @@ class EnvGRPOTrainer(TRLBridge):
         self.log_metrics(mode, metrics.env_metrics(batch, per_env=len(args.env_entries()) > 1))
         self.log_metrics(mode, metrics.signal_metrics(batch, args.step_reward_gamma))
         if self.curriculum is not None and mode == "train":
-            stage_metrics, advanced = self.curriculum.batch_played(batch.played, self.state.global_step)
+            # The policy's own episodes: the retries' kept wins would move the stage on early.
+            played = batch.played if first_round is trajectories else [t for t in gather_object(list(first_round)) if t.error is None]
+            stage_metrics, advanced = self.curriculum.batch_played(played, self.state.global_step)
             self.log_metrics(mode, stage_metrics)
             if advanced is not None and self.accelerator.is_main_process:
                 print(advanced, file=sys.stderr, flush=True)
@@ -392,9 +427,13 @@ class EnvGRPOTrainer(TRLBridge):
         """TRL's loss; with ``ratio_type="segment"`` its importance ratio is one per turn
         (:meth:`~envhub_trl.trl_bridge.TRLBridge.loss_inputs`); PPO adds its clipped value loss."""
         choices = "choice_positions" in inputs
+        imitating = self.win_memory is not None and self.model.training and len(self.win_memory) > 0
         with self.loss_inputs(inputs):
-            if self.value_head is None and not choices:
+            if self.value_head is None and not choices and not imitating:
                 return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            if self.value_head is None and not choices:
+                loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+                return loss + self.imitation_term(model)
             with captured_hidden_states(model) as hidden:
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             mode = "train" if self.model.training else "eval"
@@ -416,7 +455,19 @@ class EnvGRPOTrainer(TRLBridge):
                     below = {} if self.args.action_entropy_floor is None else {"policy/action_entropy_below_floor": float((bonus < 0).float().mean())}
                     self.log_metrics(mode, {"policy/action_entropy": float(entropy[points].mean().detach()), **below})
                     loss = loss - self.args.action_entropy_coef * bonus.sum() / tokens.sum().clamp(min=1.0) / scale
-            return loss
+            return loss + (self.imitation_term(model) if imitating else 0.0)
+
+    def imitation_term(self, model: Any) -> torch.Tensor:
+        """Self-imitation's term of this micro-step's loss: ``self_imitation_coef`` times the negative
+        log-likelihood of ``self_imitation_rows`` remembered rows, drawn from a stream seeded by the
+        run's seed, TRL's micro-step and the process (so a resumed run draws the same), scaled as
+        the Trainer scales the loss for gradient accumulation; logs ``self_imitation/nll``."""
+        args = self.args
+        rows = self.win_memory.sample(args.self_imitation_rows, [args.seed, self.micro_step, self.accelerator.process_index, 1 << 22])
+        pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
+        nll = imitation_loss(model, rows, pad, self.temperature)
+        self.log_metrics("train", {"self_imitation/nll": float(nll.detach())})
+        return args.self_imitation_coef * nll / self.current_gradient_accumulation_steps
 
     @functools.cached_property
     def first_token(self) -> Callable[[str], int | None]:

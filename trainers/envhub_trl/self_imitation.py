@@ -1,0 +1,111 @@
+"""Self-imitation: the policy's own wins on levels it does not always win, remembered and imitated.
+
+RL's credit on a level the policy rarely wins comes from a single step's group, and is gone with
+it; a network that must learn to read its observation from tokens turns such credit into a reading
+slowly (docs/results-rl-alone.md). Self-imitation learning (SIL, Oh et al. 2018, "Self-Imitation
+Learning"; the replay of one's own good episodes that ReST and RAFT make for LLMs) keeps those wins
+and adds their log-likelihood to the objective at every step, so that each hard-won episode is a
+demonstration for many steps, not an advantage for one. No oracle is involved: the demonstrations
+are the policy's own sampled episodes that the environment rewarded.
+
+What is remembered (:func:`imitation_rows`): the model tokens of the winning episodes of groups
+that not every member won (a level every play wins teaches nothing the policy does not do
+already): every token the model wrote, its reply's closing stop string included, which the
+policy loss leaves out (``train_stop_strings``). Imitating the action alone pulled the tiny model's
+replies off their format: on Sokoban they ran on past the move to the token limit within 20 steps,
+78-96% of them invalid (docs/results-rl-alone.md); a win's whole reply is the format too.
+Environment tokens stay out. The memory keeps the latest ``capacity`` rows (:class:`WinMemory`),
+each process its own; it is part of a checkpoint, so a resumed run imitates what the
+uninterrupted one would. The term (:func:`imitation_loss`) is the mean negative log-likelihood of
+those tokens over a sample of rows drawn each micro-step from a seeded stream.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from envhub_trl.pipeline import GenerationBatch
+
+#: A remembered row: prompt token ids, completion token ids, and the completion's loss mask.
+Row = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def imitation_rows(batch: GenerationBatch) -> list[Row]:
+    """This process's rows of ``batch`` (after ``to_rows``) that belong to a winning episode of a
+    group not every member of which won, each with its model tokens as the mask (its closing stop
+    strings in); rows of dropped groups, of set-aside episodes and padding rows are left out."""
+    episodes = batch.episodes
+    groups = np.array([t.group_id for t in episodes])
+    won = np.array([bool(t.success) for t in episodes])
+    all_won = {g: bool(won[groups == g].all()) for g in np.unique(groups)}
+    rows = []
+    for sample, kept in zip(batch.samples, batch.row_keep):
+        episode = episodes[sample.trajectory_index] if sample.trajectory_index >= 0 else None
+        if episode is None or not kept or not episode.success or all_won[episode.group_id] or not any(sample.env_mask):
+            continue
+        rows.append((tuple(sample.prompt_ids), tuple(sample.completion_ids), tuple(int(m) for m in sample.env_mask)))
+    return rows
+
+
+class WinMemory:
+    """The latest ``capacity`` rows of remembered wins, oldest first."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"self_imitation_memory must be at least 1, got {capacity}")
+        self.rows: collections.deque[Row] = collections.deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, rows: Sequence[Row]) -> None:
+        self.rows.extend(rows)
+
+    def sample(self, count: int, seed: Sequence[int]) -> list[Row]:
+        """``count`` rows drawn uniformly with replacement, from the seed sequence ``seed`` (none
+        when the memory is empty)."""
+        if not self.rows:
+            return []
+        picks = np.random.default_rng(np.random.SeedSequence(list(seed))).integers(0, len(self.rows), count)
+        return [self.rows[int(k)] for k in picks]
+
+    def state(self) -> list[list[list[int]]]:
+        return [[list(part) for part in row] for row in self.rows]
+
+    def load(self, state: Sequence[Sequence[Sequence[int]]]) -> None:
+        self.rows.clear()
+        self.rows.extend((tuple(p), tuple(c), tuple(m)) for p, c, m in state)
+
+
+def padded(rows: Sequence[Row], pad_id: int, device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """``rows`` as one batch: prompts left-padded and completions right-padded to the longest of
+    each; returns ``(input_ids, attention_mask, loss_mask, prompt_width)``, the loss mask over the
+    completion positions."""
+    prompt_width = max(len(p) for p, _, _ in rows)
+    completion_width = max(len(c) for _, c, _ in rows)
+    ids = torch.full((len(rows), prompt_width + completion_width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    loss_mask = torch.zeros((len(rows), completion_width))
+    for r, (prompt, completion, mask) in enumerate(rows):
+        start = prompt_width - len(prompt)
+        ids[r, start:prompt_width] = torch.tensor(prompt)
+        ids[r, prompt_width : prompt_width + len(completion)] = torch.tensor(completion)
+        attention[r, start : prompt_width + len(completion)] = 1
+        loss_mask[r, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return ids.to(device), attention.to(device), loss_mask.to(device), prompt_width
+
+
+def imitation_loss(model: Any, rows: Sequence[Row], pad_id: int, temperature: float = 1.0) -> torch.Tensor:
+    """The mean negative log-likelihood of the masked completion tokens of ``rows`` under ``model``
+    (its logits divided by ``temperature``, as the policy loss reads them)."""
+    device = next(model.parameters()).device
+    ids, attention, loss_mask, prompt_width = padded(rows, pad_id, device)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, prompt_width - 1 : -1].float() / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, prompt_width:, None])[..., 0]
+    return -(logp * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
