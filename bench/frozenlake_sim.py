@@ -131,53 +131,30 @@ class ModelPolicy(torch.nn.Module):
         super().__init__()
         config = yaml.safe_load(RUN_CONFIG.read_text())
         sys.path.insert(0, str(ROOT))
-        from view_reading import load
+        from view_reading import load, prompt_template
 
         self.model, self.tokenizer = load(start, {**config, "seed": seed})
         self.model.float().train()
         self.moves = [self.tokenizer.encode(m, add_special_tokens=False)[0] for m in MOVES]
-        self.head, self.tail = self._template(config)
+        self.head, self.tail = prompt_template(self.tokenizer, config)
         if not format_sentence:  # the system message without envhub's reply-format sentence
             cut = self.head.index("\n\nReply with")
             self.head = self.head[:cut] + self.head[self.head.index("<|im_end|>", cut) :]
         self.cache: dict[str, list[int]] = {}
 
-    def _template(self, config: dict[str, Any]) -> tuple[str, str]:
-        """The run's prompt around a view, taken from a real prompt of the run's manager."""
-        from view_reading import run_config
-
-        from envhub.generation import RandomGenerator
-        from envhub_trl.warm_start import relabelled_samples
-
-        samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=self.tokenizer), self.tokenizer, run_config(config).env_settings(), range(4))
-        text = self.tokenizer.decode(samples[0].prompt_ids)
-        shown = text.split("user\n", 1)[1].split("<|im_end|>", 1)[0]
-        head, tail = text.split(shown, 1)
-        for sample in samples:  # the template gives the env's prompt token for token
-            shown = self.tokenizer.decode(sample.prompt_ids).split("user\n", 1)[1].split("<|im_end|>", 1)[0]
-            if self.tokenizer.encode(head + shown + tail, add_special_tokens=False) != list(sample.prompt_ids):
-                raise SystemExit("the prompt template does not give the env's prompt token for token")
-        return head, tail
-
     def forward(self, views: list[str]) -> torch.Tensor:
-        rows = [self.cache.setdefault(v, self.tokenizer.encode(self.head + v + self.tail, add_special_tokens=False)) for v in views]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row) :], mask[r, width - len(row) :] = torch.tensor(row), 1
-        return torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1)
+        from view_reading import next_token_log_probs
+
+        return next_token_log_probs(self.model, self.tokenizer, self.head, self.tail, self.cache, views)
 
     def reply_logps(self, views: list[str], tokens: list[int]) -> tuple[torch.Tensor, int]:
         """The summed log-probability of each reply as the trainer trains it (the sampled token, then
         ``</answer>``'s tokens), and how many tokens that is."""
         close = self.tokenizer.encode("</answer>", add_special_tokens=False)
+        from view_reading import left_padded
+
         rows = [self.cache.setdefault(v, self.tokenizer.encode(self.head + v + self.tail, add_special_tokens=False)) + [t] + close for v, t in zip(views, tokens)]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row) :], mask[r, width - len(row) :] = torch.tensor(row), 1
+        ids, mask = left_padded(rows)
         logp = torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits[:, -len(close) - 2 : -1].float(), -1)
         return logp.gather(-1, ids[:, -len(close) - 1 :, None])[..., 0].sum(-1), len(close) + 1
 

@@ -51,9 +51,8 @@ import envhub
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from table_rl import TablePolicy  # noqa: E402
+from table_rl import TablePolicy, advantages  # noqa: E402
 
-from envhub_trl.advantages import gigpo_advantages, grpo_advantages  # noqa: E402
 
 VALIDATION = 5 * 10**8
 
@@ -113,7 +112,7 @@ class ModelPolicy(torch.nn.Module):
 
     def __init__(self, start: str, config: dict[str, Any], action_names: tuple[str, ...]) -> None:
         super().__init__()
-        from view_reading import load
+        from view_reading import load, prompt_template
 
         self.model, self.tokenizer = load(start, config)
         self.model.float().train()
@@ -121,34 +120,13 @@ class ModelPolicy(torch.nn.Module):
         if any(len(i) != 1 for i in ids):
             raise SystemExit(f"an action is not one token in this tokenizer: {dict(zip(action_names, ids))}")
         self.actions = [i[0] for i in ids]
-        self.head, self.tail = self._template(config)
+        self.head, self.tail = prompt_template(self.tokenizer, config)
         self.cache: dict[str, list[int]] = {}
 
-    def _template(self, config: dict[str, Any]) -> tuple[str, str]:
-        """The run's prompt around an observation, taken from real prompts of the run's manager."""
-        from view_reading import run_config
-
-        from envhub.generation import RandomGenerator
-        from envhub_trl.warm_start import relabelled_samples
-
-        samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=self.tokenizer), self.tokenizer, run_config(config).env_settings(), range(4))
-        split = lambda text: text.rsplit("user\n", 1)[1].split("<|im_end|>", 1)[0]  # noqa: E731
-        text = self.tokenizer.decode(samples[0].prompt_ids)
-        head, tail = text.rsplit(split(text), 1)
-        for sample in samples:
-            shown = split(self.tokenizer.decode(sample.prompt_ids))
-            if self.tokenizer.encode(head + shown + tail, add_special_tokens=False) != list(sample.prompt_ids):
-                raise SystemExit("the prompt template does not give the env's prompt token for token")
-        return head, tail
-
     def forward(self, observations: list[str]) -> torch.Tensor:
-        rows = [self.cache.setdefault(o, self.tokenizer.encode(self.head + o + self.tail, add_special_tokens=False)) for o in observations]
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row) :], mask[r, width - len(row) :] = torch.tensor(row), 1
-        return torch.log_softmax(self.model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1)
+        from view_reading import next_token_log_probs
+
+        return next_token_log_probs(self.model, self.tokenizer, self.head, self.tail, self.cache, observations)
 
 
 def choice_index(policy: Any) -> list[int]:
@@ -217,20 +195,6 @@ def evaluate(policy: Any, envs: list[Any], config: dict[str, Any], episodes: int
         entropy = float(choice_entropy(policy, policy(sorted(set(figures["observations"])))).mean())
     policy.train()
     return {"greedy": float(np.mean(figures["greedy"])), "sampled": float(np.mean(figures["sampled"])), "entropy": entropy}
-
-
-def advantages(config: dict[str, Any], estimator: str, batch: list[list[tuple[str, int, float, str, int]]], groups: np.ndarray) -> np.ndarray:
-    """The trainer's advantages for the batch's turns, in order; ``groups``: each episode's level."""
-    turns = [(e, turn) for e, episode in enumerate(batch) for turn in episode]
-    rewards = np.array([turn[2] for _, turn in turns])
-    trajectory = np.array([e for e, _ in turns])
-    norm = config.get("advantage_norm", "mean_std")
-    if estimator == "grpo":
-        return grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(batch)), groups, norm)[trajectory]
-    return gigpo_advantages(
-        rewards, trajectory, np.array([turn[4] for _, turn in turns]), groups, np.array([turn[3] for _, turn in turns]),
-        step_weight=float(config.get("step_reward_weight", 1.0)), gamma=float(config.get("step_reward_gamma", 0.95)), norm=norm,
-    )["advantages"]
 
 
 def tied_baseline(batch: list[list[tuple[str, int, float, str, int]]], groups: np.ndarray) -> np.ndarray:

@@ -87,12 +87,11 @@ def play(envs: list[Any], seeds: list[int], act: Any, turns: int) -> tuple[list[
     return episodes, won
 
 
-def advantages(config: dict[str, Any], algo: str, episodes: list[list[tuple[str, int, float, str, int]]], group_size: int) -> np.ndarray:
-    """The trainer's advantages for the batch's turns, in order."""
+def advantages(config: dict[str, Any], algo: str, episodes: list[list[tuple[str, int, float, str, int]]], groups: np.ndarray) -> np.ndarray:
+    """The trainer's advantages for the batch's turns, in order; ``groups``: each episode's group."""
     turns = [(e, turn) for e, episode in enumerate(episodes) for turn in episode]
     rewards = np.array([turn[2] for _, turn in turns])
     trajectory = np.array([e for e, _ in turns])
-    groups = np.arange(len(episodes)) // group_size
     norm = config.get("advantage_norm", "mean_std")
     if algo == "grpo":
         return grpo_advantages(np.bincount(trajectory, weights=rewards, minlength=len(episodes)), groups, norm)[trajectory]
@@ -129,7 +128,7 @@ def run(config: dict[str, Any], algo: str, seed: int, steps: int, learning_rate:
         seeds = np.repeat(rng.integers(0, VALIDATION, groups), size).tolist()
         batch, won = play(envs, seeds, sampled, turns)
         turns_played = [turn for episode in batch for turn in episode]
-        advantage = torch.tensor(advantages(config, algo, batch, size), dtype=torch.float32)
+        advantage = torch.tensor(advantages(config, algo, batch, np.arange(len(batch)) // size), dtype=torch.float32)
         logp = policy([t[0] for t in turns_played])[torch.arange(len(turns_played)), torch.tensor([t[1] for t in turns_played])]
         for group in optimizer.param_groups:
             group["lr"] = learning_rate * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / steps))

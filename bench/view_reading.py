@@ -103,6 +103,27 @@ def run_config(config: dict[str, Any], **overrides: Any) -> EnvGRPOConfig:
     return EnvGRPOConfig(**{**values, "output_dir": "/tmp/envhub-view-reading", "report_to": "none", **overrides})
 
 
+def prompt_template(tokenizer: Any, config: dict[str, Any]) -> tuple[str, str]:
+    """The run's prompt around an observation (``head + observation + tail``), taken from real
+    prompts of the run's manager and checked token for token against them."""
+    samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, run_config(config).env_settings(), range(4))
+    shown = lambda text: text.rsplit("user\n", 1)[1].split("<|im_end|>", 1)[0]  # noqa: E731
+    text = tokenizer.decode(samples[0].prompt_ids)
+    head, tail = text.rsplit(shown(text), 1)
+    for sample in samples:
+        if tokenizer.encode(head + shown(tokenizer.decode(sample.prompt_ids)) + tail, add_special_tokens=False) != list(sample.prompt_ids):
+            raise SystemExit("the prompt template does not give the env's prompt token for token")
+    return head, tail
+
+
+def next_token_log_probs(model: Any, tokenizer: Any, head: str, tail: str, cache: dict[str, list[int]], observations: list[str]) -> torch.Tensor:
+    """Log-probabilities over the whole vocabulary after each observation's prompt (left-padded, one
+    batch; ``cache`` keeps each observation's prompt tokens)."""
+    rows = [cache.setdefault(o, tokenizer.encode(head + o + tail, add_special_tokens=False)) for o in observations]
+    ids, mask = left_padded(rows)
+    return torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1)
+
+
 def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[list[int]], np.ndarray, list[str], list[int]]:
     """The prompts of random-walk episodes on ``seeds`` (each ending with ``<answer>``), the view
     expert's move in each (an index into :data:`MOVES`), the view shown, and the move tokens."""
