@@ -58,7 +58,7 @@ def test_the_memory_keeps_the_latest_rows_and_draws_the_same_for_the_same_seed()
         WinMemory(0)
 
 
-def test_the_term_is_the_mean_nll_of_the_masked_completion_tokens():
+def test_the_term_is_each_replys_summed_nll_of_its_masked_tokens_averaged_over_rows():
     rows = [((5, 6), (7, 8, 9), (1, 0, 1)), ((4,), (3,), (1,))]
     ids, attention, mask, width = padded(rows, pad_id=0)
     assert width == 2 and ids.tolist() == [[5, 6, 7, 8, 9], [0, 4, 3, 0, 0]]
@@ -74,7 +74,8 @@ def test_the_term_is_the_mean_nll_of_the_masked_completion_tokens():
 
     model = Bigram()
     logp = torch.log_softmax(model.table, -1)
-    expected = -(logp[6, 7] + logp[8, 9] + logp[4, 3]) / 3  # the masked-out token (8 after 7) does not count
+    # A reply's log-likelihood sums its tokens (the masked-out 8 after 7 does not count); rows average.
+    expected = -((logp[6, 7] + logp[8, 9]) + logp[4, 3]) / 2
     assert float(imitation_loss(model, rows, pad_id=0).detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
     assert float(imitation_loss(model, rows, pad_id=0, temperature=2.0).detach()) != pytest.approx(float(expected.detach()))
     imitation_loss(model, rows, pad_id=0).backward()

@@ -16,8 +16,9 @@ replies off their format: on Sokoban they ran on past the move to the token limi
 78-96% of them invalid (docs/results-rl-alone.md); a win's whole reply is the format too.
 Environment tokens stay out. The memory keeps the latest ``capacity`` rows (:class:`WinMemory`),
 each process its own; it is part of a checkpoint, so a resumed run imitates what the
-uninterrupted one would. The term (:func:`imitation_loss`) is the mean negative log-likelihood of
-those tokens over a sample of rows drawn each micro-step from a seeded stream.
+uninterrupted one would. The term (:func:`imitation_loss`) is the negative log-likelihood of a
+remembered reply, its tokens' summed, averaged over a sample of rows drawn each micro-step from a
+seeded stream.
 """
 
 from __future__ import annotations
@@ -102,10 +103,14 @@ def padded(rows: Sequence[Row], pad_id: int, device: Any = None) -> tuple[torch.
 
 
 def imitation_loss(model: Any, rows: Sequence[Row], pad_id: int, temperature: float = 1.0) -> torch.Tensor:
-    """The mean negative log-likelihood of the masked completion tokens of ``rows`` under ``model``
-    (its logits divided by ``temperature``, as the policy loss reads them)."""
+    """The negative log-likelihood of each row's reply (its masked completion tokens' summed) under
+    ``model``, averaged over the rows (its logits divided by ``temperature``, as the policy loss reads
+    them). SIL's term is ``log pi(a | s)`` for the action taken; a reply is that action, so its
+    tokens' log-probabilities add. A mean over tokens would weigh a reply's move by one over its
+    length: with a four-token closing tag that is near-certain already, the move's pull fell to a
+    fifth of the coefficient's, and the trainer lagged the simulation that imitated the move alone."""
     device = next(model.parameters()).device
     ids, attention, loss_mask, prompt_width = padded(rows, pad_id, device)
     logits = model(input_ids=ids, attention_mask=attention).logits[:, prompt_width - 1 : -1].float() / temperature
     logp = torch.log_softmax(logits, -1).gather(-1, ids[:, prompt_width:, None])[..., 0]
-    return -(logp * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
+    return -(logp * loss_mask).sum() / max(len(rows), 1)
