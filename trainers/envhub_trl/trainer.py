@@ -429,11 +429,9 @@ class EnvGRPOTrainer(TRLBridge):
         choices = "choice_positions" in inputs
         imitating = self.win_memory is not None and self.model.training and len(self.win_memory) > 0
         with self.loss_inputs(inputs):
-            if self.value_head is None and not choices and not imitating:
-                return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             if self.value_head is None and not choices:
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-                return loss + self.imitation_term(model)
+                return loss + self.imitation_term(model) if imitating else loss
             with captured_hidden_states(model) as hidden:
                 loss = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             mode = "train" if self.model.training else "eval"
