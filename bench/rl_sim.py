@@ -217,15 +217,19 @@ def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, est
     critic = Critic() if levers.get("critic") else None
     critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3) if critic is not None else None
     curve, started, extra_played, memory = [], time.time(), [0], []
+    trace: dict[str, list[float]] = {"train_success": [], "imitation_nll": [], "memory": []}  # since the last evaluation
     for step in range(steps + 1):
         if step % eval_every == 0 or step == steps:
-            curve.append({"step": step, **evaluate(policy, envs, config, episodes), "seconds": round(time.time() - started, 1), "extra_episodes": int(np.sum(extra_played))})
+            since = {k: round(float(np.mean(v)), 4) for k, v in trace.items() if v}
+            curve.append({"step": step, **evaluate(policy, envs, config, episodes), **since, "seconds": round(time.time() - started, 1), "extra_episodes": int(np.sum(extra_played))})
+            trace = {k: [] for k in trace}
             print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in curve[-1].items()), flush=True)
         if step == steps:
             break
         levels = rng.integers(0, VALIDATION, groups)
         seeds = np.repeat(levels, size).tolist()
         batch, won = play(policy, envs, seeds, turns, penalty)
+        trace["train_success"].append(float(np.mean(won)))
         labels = np.repeat(np.arange(groups), size)
         if levers.get("extra_plays"):  # the levels no play won, played again, round by round until won
             solved = {g for g in range(groups) if any(won[g * size : (g + 1) * size])}
@@ -261,10 +265,10 @@ def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, est
         if levers.get("self_imitation"):  # the wins of levels not every play won, kept to imitate
             if len(won) != len(batch):
                 raise SystemExit("--self-imitation goes with --retry-keep swap or no retries")
-            success = np.array(won)
+            success, moves = np.array(won), set(choice_index(policy))
             for e, episode in enumerate(batch):
                 if success[e] and not success[labels == labels[e]].all():
-                    memory.extend((t[0], t[1]) for t in episode)
+                    memory.extend((t[0], t[1]) for t in episode if t[1] in moves)  # a win's invalid replies left out, as the trainer's
             del memory[: max(len(memory) - int(levers.get("memory", 4096)), 0)]
         turns_played = [turn for episode in batch for turn in episode]
         advantage = advantages(config, estimator, batch, labels)
@@ -296,7 +300,10 @@ def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, est
             picked = [memory[k] for k in rng.integers(0, len(memory), min(256, len(memory)))]
             shown = sorted({o for o, _ in picked})
             where = {o: k for k, o in enumerate(shown)}
-            loss = loss - levers["self_imitation"] * policy(shown)[[where[o] for o, _ in picked], [a for _, a in picked]].mean()
+            nll = -policy(shown)[[where[o] for o, _ in picked], [a for _, a in picked]].mean()
+            trace["imitation_nll"].append(float(nll.detach()))
+            trace["memory"].append(float(len(memory)))
+            loss = loss + levers["self_imitation"] * nll
         for group in optimizer.param_groups:
             group["lr"] = rate * min(1.0, (step + 1) / 10) * 0.5 * (1 + math.cos(math.pi * step / steps))
         optimizer.zero_grad()
@@ -326,7 +333,7 @@ def main() -> None:
     parser.add_argument("--critic-lambda", type=float, default=0.95)
     parser.add_argument("--retry-rounds", type=int, default=0, help="rounds of a whole batch of plays (groups x group size), shared out over the levels that no play has won yet")
     parser.add_argument("--retry-keep", choices=("all", "swap"), default="all", help="--retry-rounds: train on every play, or put a level's wins in the places of its failed plays (up to half its group) and leave the rest out")
-    parser.add_argument("--self-imitation", type=float, default=0.0, help="self-imitation: this times the log-likelihood of moves from remembered wins of levels not every play won (SIL, Oh et al. 2018)")
+    parser.add_argument("--self-imitation", type=float, default=0.0, help="self-imitation: this times the log-likelihood of the moves (invalid replies left out) of remembered wins of levels not every play won (SIL, Oh et al. 2018)")
     parser.add_argument("--memory", type=int, default=4096, help="--self-imitation: the turns of wins remembered (the latest)")
     parser.add_argument("--extra-rounds", type=int, default=1, help="--extra-plays: rounds of them, each on the levels still not won")
     parser.add_argument("--extra-temperature", type=float, default=1.0, help="--extra-plays: their sampling temperature")

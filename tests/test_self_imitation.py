@@ -82,6 +82,18 @@ def test_the_term_is_each_replys_summed_nll_of_its_masked_tokens_averaged_over_r
     assert model.table.grad[6].abs().sum() > 0 and model.table.grad[7].abs().sum() == 0  # no token follows 7 in the mask
 
 
+def test_a_wins_invalid_replies_are_not_imitated():
+    won = played(True, 1, turns=3)
+    won = dataclasses.replace(won, turns=[won.turns[0], dataclasses.replace(won.turns[1], action_is_valid=False), won.turns[2]])
+    rows = imitation_rows(rows_of([won, played(False, 1, turns=3)]))
+    assert [row[0][1] for row in rows] == [100, 102]  # turns 0 and 2: the invalid turn 1 is left out
+    # The trajectory layout: one row, the invalid turn's reply masked out with the env's tokens.
+    whole = [dataclasses.replace(t, layout="trajectory") for t in (won, played(False, 1, turns=3))]
+    (row,) = imitation_rows(pipeline.to_rows(pipeline.gather(whole, group_size=2), [{"prompt": "", "env_seed": 1}] * 2, layout="trajectory"))
+    assert row[1] == (10, 11, 101, 101, 7, 11, 11, 101, 102, 7, 12, 11)
+    assert row[2] == (1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1)
+
+
 def test_rows_of_a_set_aside_episode_are_not_remembered():
     failed = dataclasses.replace(played(True, 1), error="ConnectionError")
     local = [failed, played(False, 1)]

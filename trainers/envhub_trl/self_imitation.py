@@ -14,6 +14,11 @@ already): every token the model wrote, its reply's closing stop string included,
 policy loss leaves out (``train_stop_strings``). Imitating the action alone pulled the tiny model's
 replies off their format: on Sokoban they ran on past the move to the token limit within 20 steps,
 78-96% of them invalid (docs/results-rl-alone.md); a win's whole reply is the format too.
+The win's invalid replies stay out: they cost the win a turn and a penalty and moved nothing, and a
+reply cut at the token limit is many unlikely tokens, whose summed log-likelihood outweighs every
+move of the row's batch. On the Sokoban RL-alone config 5% of the remembered rows were such
+replies and the term read 2.7 nats a row against the moves' 1.4: the imitation pulled the replies
+off their format and stayed as uncertain as at the start (docs/results-rl-alone.md).
 Environment tokens stay out. The memory keeps the latest ``capacity`` rows (:class:`WinMemory`),
 each process its own; it is part of a checkpoint, so a resumed run imitates what the
 uninterrupted one would. The term (:func:`imitation_loss`) is the negative log-likelihood of a
@@ -39,8 +44,9 @@ Row = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 def imitation_rows(batch: GenerationBatch) -> list[Row]:
     """This process's rows of ``batch`` (after ``to_rows``) that belong to a winning episode of a
-    group not every member of which won, each with its model tokens as the mask (its closing stop
-    strings in); rows of dropped groups, of set-aside episodes and padding rows are left out."""
+    group not every member of which won, each with the model tokens of its valid replies as the
+    mask (their closing stop strings in); invalid replies, rows of dropped groups, of set-aside
+    episodes and padding rows are left out."""
     episodes = batch.episodes
     groups = np.array([t.group_id for t in episodes])
     won = np.array([bool(t.success) for t in episodes])
@@ -48,9 +54,11 @@ def imitation_rows(batch: GenerationBatch) -> list[Row]:
     rows = []
     for sample, kept in zip(batch.samples, batch.row_keep):
         episode = episodes[sample.trajectory_index] if sample.trajectory_index >= 0 else None
-        if episode is None or not kept or not episode.success or all_won[episode.group_id] or not any(sample.env_mask):
+        if episode is None or not kept or not episode.success or all_won[episode.group_id]:
             continue
-        rows.append((tuple(sample.prompt_ids), tuple(sample.completion_ids), tuple(int(m) for m in sample.env_mask)))
+        mask = tuple(int(m and episode.turns[turn].action_is_valid) for m, turn in zip(sample.env_mask, sample.turn_ids))
+        if any(mask):
+            rows.append((tuple(sample.prompt_ids), tuple(sample.completion_ids), mask))
     return rows
 
 
