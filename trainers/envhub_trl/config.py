@@ -401,7 +401,7 @@ class EnvGRPOConfig(GRPOConfig):
         default=0.0,
         metadata={
             "help": "Self-imitation (SIL, Oh et al. 2018): this times the negative log-likelihood of the replies (their model "
-            "tokens' summed) of remembered winning episodes (of groups that not every member won: the policy's own wins on "
+            "tokens' summed; invalid replies left out) of remembered winning episodes (of groups that not every member won: the policy's own wins on "
             "levels it does not always win), averaged over self_imitation_rows of them drawn each micro-step, added to the "
             "loss. 0: off."
         },
