@@ -1564,3 +1564,52 @@ def test_a_nonfinite_reward_stops_training_in_one_line_or_is_dropped_and_counted
     counts = _logged(out, "env/nonfinite_reward_episodes")
     assert len(counts) == 2 and all(count > 0 for count in counts), counts
     assert all(np.isfinite(loss) for loss in _logged(out, "loss"))
+
+
+def test_log_sampler_gap_reads_zero_when_the_generator_samples_the_policy_and_not_when_it_lags(tiny, tmp_path):
+    """log_sampler_gap in real runs: the transformers generator shares the policy's weights, so its
+    sampling log-probs are the policy's (TRL's difference near 0, ratios near 1); a generator on a
+    perturbed copy of the weights (what an unsynced vLLM would be) shows its gap."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.generators import HFGenerator
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    gaps = []
+    for lag in (0.0, 0.05):
+        model = AutoModelForCausalLM.from_pretrained(path)
+        sampler = model
+        if lag:
+            sampler = copy.deepcopy(model)
+            with torch.no_grad():
+                for parameter in sampler.parameters():
+                    parameter.add_(lag * torch.randn_like(parameter))
+        config = _config(tmp_path / str(lag), log_sampler_gap=True, temperature=0.7)
+        trainer = EnvGRPOTrainer(model, config, processing_class=tokenizer, generator=HFGenerator(sampler, tokenizer))
+        trainer.train()
+        logged = [entry for entry in trainer.state.log_history if "sampling/sampling_logp_difference/mean" in entry]
+        assert len(logged) == 2
+        gaps.append(max(entry["sampling/sampling_logp_difference/mean"] for entry in logged))
+        if not lag:
+            assert all(abs(entry["sampling/importance_sampling_ratio/min"] - 1) < 1e-3 and abs(entry["sampling/importance_sampling_ratio/max"] - 1) < 1e-3 for entry in logged)
+    assert gaps[0] < 1e-4 < 1e-2 < gaps[1]
+
+
+def test_sampler_gap_leaves_out_tokens_without_a_sampling_log_prob():
+    from types import SimpleNamespace
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    current = torch.zeros(2, 3)
+    sampled = torch.tensor([[-0.5, -0.5, float("nan")], [0.5, 9.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    output = {"old_per_token_logps": current, "sampling_per_token_logps": sampled, "completion_mask": mask}
+    gap = EnvGRPOTrainer.sampler_gap(SimpleNamespace(), output)
+    assert gap["sampling/sampling_logp_difference/mean"] == pytest.approx(0.5)
+    assert gap["sampling/sampling_logp_difference/max"] == pytest.approx(0.5)
+    assert gap["sampling/importance_sampling_ratio/min"] == pytest.approx(np.exp(-0.5))
+    assert gap["sampling/importance_sampling_ratio/max"] == pytest.approx(np.exp(0.5))
+    assert EnvGRPOTrainer.sampler_gap(SimpleNamespace(), {**output, "sampling_per_token_logps": None}) == {}

@@ -336,6 +336,16 @@ class EnvGRPOConfig(GRPOConfig):
             "loss or several processes."
         },
     )
+    log_sampler_gap: bool = field(
+        default=False,
+        metadata={
+            "help": "Score each training batch once more, without gradients, and log how far the generator's sampling "
+            "log-probs are from the policy's: TRL's sampling/sampling_logp_difference/{mean,max} and "
+            "sampling/importance_sampling_ratio/{min,mean,max} over the model tokens (TRL logs them only for its own "
+            "vLLM). Near 0 and 1 when the generator samples the policy being trained; a gap means weights not synced, "
+            "another dtype or another sampler. One more forward pass a step."
+        },
+    )
     kl_coef: float = field(
         default=0.01,
         metadata={"help": "REINFORCE++: the weight of the per-token KL penalty to the reference model folded into the reward (OpenRLHF's init_kl_coef)."},

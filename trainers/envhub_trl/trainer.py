@@ -352,6 +352,8 @@ class EnvGRPOTrainer(TRLBridge):
             self.win_memory.add(added)
             self.log_metrics(mode, {"self_imitation/rows_added": float(len(added)), "self_imitation/memory": float(len(self.win_memory))})
         output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
+        if args.log_sampler_gap and mode == "train":
+            self.log_metrics(mode, self.sampler_gap(output))
         width = output["completion_ids"].shape[1]
         needs = NEEDS[args.advantage_estimator]
         if needs:
@@ -401,6 +403,30 @@ class EnvGRPOTrainer(TRLBridge):
         self._async.post_weights(batch, {name: tensor.detach().clone() for name, tensor in merged_weights(model).items()})
         trajectories, stats, version = self._async.take(batch)
         return trajectories, stats, batch - version
+
+    def sampler_gap(self, output: dict[str, Any]) -> dict[str, float]:
+        """How far the generator's sampling log-probs are from the policy's on a scored batch's model
+        tokens (``log_sampler_gap``): TRL's ``sampling/...`` metrics of its vLLM correction, here
+        for whatever generator played. Tokens without a sampling log-prob (NaN) are left out."""
+        sampled = output.get("sampling_per_token_logps")
+        if sampled is None:
+            return {}
+        current = output.get("old_per_token_logps")
+        if current is None:
+            with torch.no_grad():
+                current = self.token_logps(self.model, output, self.args.per_device_train_batch_size)
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        diff = (current.float() - sampled.float())[mask.bool() & ~torch.isnan(sampled.float())]
+        if not diff.numel():
+            return {}
+        ratio = torch.exp(diff)
+        return {
+            "sampling/sampling_logp_difference/mean": float(diff.abs().mean()),
+            "sampling/sampling_logp_difference/max": float(diff.abs().max()),
+            "sampling/importance_sampling_ratio/min": float(ratio.min()),
+            "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+            "sampling/importance_sampling_ratio/max": float(ratio.max()),
+        }
 
     def _correct_for_lag(self, output: dict[str, Any], staleness: int, mode: str) -> None:
         """Truncated importance sampling for an async batch: each model token's advantage times
