@@ -1599,17 +1599,15 @@ def test_log_sampler_gap_reads_zero_when_the_generator_samples_the_policy_and_no
 
 
 def test_sampler_gap_leaves_out_tokens_without_a_sampling_log_prob():
-    from types import SimpleNamespace
-
-    from envhub_trl.trainer import EnvGRPOTrainer
+    from envhub_trl.async_rollout import model_token_mask, sampler_gap
 
     current = torch.zeros(2, 3)
     sampled = torch.tensor([[-0.5, -0.5, float("nan")], [0.5, 9.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    output = {"old_per_token_logps": current, "sampling_per_token_logps": sampled, "completion_mask": mask}
-    gap = EnvGRPOTrainer.sampler_gap(SimpleNamespace(), output)
+    gap = sampler_gap(current, sampled, model_token_mask({"completion_mask": mask}))
     assert gap["sampling/sampling_logp_difference/mean"] == pytest.approx(0.5)
     assert gap["sampling/sampling_logp_difference/max"] == pytest.approx(0.5)
     assert gap["sampling/importance_sampling_ratio/min"] == pytest.approx(np.exp(-0.5))
     assert gap["sampling/importance_sampling_ratio/max"] == pytest.approx(np.exp(0.5))
-    assert EnvGRPOTrainer.sampler_gap(SimpleNamespace(), {**output, "sampling_per_token_logps": None}) == {}
+    assert sampler_gap(current, sampled, torch.zeros_like(mask)) == {}
+    assert model_token_mask({"completion_mask": mask, "tool_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}).tolist() == [[0, 1, 1], [1, 0, 0]]

@@ -67,6 +67,31 @@ def truncated_importance_weights(
     return weights, stats
 
 
+def model_token_mask(output: dict[str, Any]) -> torch.Tensor:
+    """The model tokens of TRL's scored batch: its completion mask, times its tool mask where the
+    rows hold environment tokens."""
+    mask = output["completion_mask"]
+    return mask * output["tool_mask"] if "tool_mask" in output else mask
+
+
+def sampler_gap(current_logps: torch.Tensor, sampled_logps: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the generator's sampling log-probs are from the policy's over the masked tokens
+    (``log_sampler_gap``): TRL's ``sampling/...`` metrics of its vLLM correction, for whatever
+    generator played. Tokens without a sampling log-prob (NaN) are left out; no tokens, no metrics."""
+    sampled = sampled_logps.float()
+    diff = (current_logps.float() - sampled)[mask.bool() & ~torch.isnan(sampled)]
+    if not diff.numel():
+        return {}
+    ratio = torch.exp(diff)
+    return {
+        "sampling/sampling_logp_difference/mean": float(diff.abs().mean()),
+        "sampling/sampling_logp_difference/max": float(diff.abs().max()),
+        "sampling/importance_sampling_ratio/min": float(ratio.min()),
+        "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+        "sampling/importance_sampling_ratio/max": float(ratio.max()),
+    }
+
+
 def staleness_metrics(staleness: list[int], bound: int) -> dict[str, float]:
     """``rollout/staleness_mean``, ``rollout/staleness_max`` and the histogram
     ``rollout/staleness/<s>`` (the share of samples ``s`` versions old, for ``s`` in ``0..bound``)."""

@@ -42,7 +42,7 @@ from envhub.registration import spec
 from envhub.rollout import RolloutStats, Trajectory
 from envhub_trl import loss_inputs, metrics, pipeline, run_state
 from envhub_trl.agent_rollouts import AgentRollouts
-from envhub_trl.async_rollout import AsyncRollouts, staleness_metrics, start_producer, truncated_importance_weights
+from envhub_trl.async_rollout import AsyncRollouts, model_token_mask, sampler_gap, staleness_metrics, start_producer, truncated_importance_weights
 from envhub_trl.callbacks import AverageCriticGradients, ZeroCriticGradients
 from envhub_trl.config import EnvGRPOConfig
 from envhub_trl.curriculum import CurriculumState
@@ -352,8 +352,10 @@ class EnvGRPOTrainer(TRLBridge):
             self.win_memory.add(added)
             self.log_metrics(mode, {"self_imitation/rows_added": float(len(added)), "self_imitation/memory": float(len(self.win_memory))})
         output = self.trl_score(batch)  # TRL's old and reference log-probs; then what the estimator needs besides
-        if args.log_sampler_gap and mode == "train":
-            self.log_metrics(mode, self.sampler_gap(output))
+        gap = args.log_sampler_gap and mode == "train" and output.get("sampling_per_token_logps") is not None
+        policy = self.policy_logps(output) if gap or staleness is not None else None  # one scoring for both
+        if gap:
+            self.log_metrics(mode, sampler_gap(policy, output["sampling_per_token_logps"], model_token_mask(output)))
         width = output["completion_ids"].shape[1]
         needs = NEEDS[args.advantage_estimator]
         if needs:
@@ -363,7 +365,7 @@ class EnvGRPOTrainer(TRLBridge):
         output["advantages"] = torch.tensor(batch.advantages, dtype=torch.float32, device=device)
         self.log_metrics(mode, metrics.estimate_metrics(batch))
         if staleness is not None:
-            self._correct_for_lag(output, staleness, mode)
+            self._correct_for_lag(output, policy, staleness, mode)
         if self.value_head is not None:
             output.update({name: value.to(device) for name, value in loss_inputs.critic_targets(batch, output["prompt_ids"].shape[1]).items()})
         if args.ratio_type == "segment":
@@ -404,41 +406,21 @@ class EnvGRPOTrainer(TRLBridge):
         trajectories, stats, version = self._async.take(batch)
         return trajectories, stats, batch - version
 
-    def sampler_gap(self, output: dict[str, Any]) -> dict[str, float]:
-        """How far the generator's sampling log-probs are from the policy's on a scored batch's model
-        tokens (``log_sampler_gap``): TRL's ``sampling/...`` metrics of its vLLM correction, here
-        for whatever generator played. Tokens without a sampling log-prob (NaN) are left out."""
-        sampled = output.get("sampling_per_token_logps")
-        if sampled is None:
-            return {}
-        current = output.get("old_per_token_logps")
-        if current is None:
-            with torch.no_grad():
-                current = self.token_logps(self.model, output, self.args.per_device_train_batch_size)
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        diff = (current.float() - sampled.float())[mask.bool() & ~torch.isnan(sampled.float())]
-        if not diff.numel():
-            return {}
-        ratio = torch.exp(diff)
-        return {
-            "sampling/sampling_logp_difference/mean": float(diff.abs().mean()),
-            "sampling/sampling_logp_difference/max": float(diff.abs().max()),
-            "sampling/importance_sampling_ratio/min": float(ratio.min()),
-            "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
-            "sampling/importance_sampling_ratio/max": float(ratio.max()),
-        }
+    def policy_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        """The policy's per-token log-probs of a scored batch: TRL's old log-probs where it computed
+        them, else a pass without gradients (the weights about to be trained)."""
+        old = output.get("old_per_token_logps")
+        if old is not None:
+            return old
+        with torch.no_grad():
+            return self.token_logps(self.model, output, self.args.per_device_train_batch_size)
 
-    def _correct_for_lag(self, output: dict[str, Any], staleness: int, mode: str) -> None:
+    def _correct_for_lag(self, output: dict[str, Any], policy: torch.Tensor, staleness: int, mode: str) -> None:
         """Truncated importance sampling for an async batch: each model token's advantage times
         ``min(pi_current / pi_sampled, importance_sampling_cap)`` (the weight is detached and
         non-negative, so this equals weighting TRL's clipped per-token loss, as its vLLM
         importance-sampling correction does); logs the weights and the staleness."""
-        old = output.get("old_per_token_logps")
-        if old is None:
-            with torch.no_grad():
-                old = self.token_logps(self.model, output, self.args.per_device_train_batch_size)
-        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
-        weights, stats = truncated_importance_weights(old.float(), output["sampling_per_token_logps"].float(), mask.float(), self.args.importance_sampling_cap)
+        weights, stats = truncated_importance_weights(policy.float(), output["sampling_per_token_logps"].float(), model_token_mask(output).float(), self.args.importance_sampling_cap)
         output["advantages"] = output["advantages"] * weights.to(output["advantages"].dtype)
         self.log_metrics(mode, {f"rollout/importance_weight_{name}": value for name, value in stats.items()})
         self.log_metrics(mode, staleness_metrics([staleness] * len(output["completion_ids"]), self.args.max_staleness))
