@@ -1611,3 +1611,28 @@ def test_sampler_gap_leaves_out_tokens_without_a_sampling_log_prob():
     assert gap["sampling/importance_sampling_ratio/max"] == pytest.approx(np.exp(0.5))
     assert sampler_gap(current, sampled, torch.zeros_like(mask)) == {}
     assert model_token_mask({"completion_mask": mask, "tool_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}).tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+def test_log_sampler_gap_scores_a_reinforce_pp_batch_once(tiny, tmp_path):
+    """REINFORCE++ needs the policy's log-probs; with log_sampler_gap on, the gap's scoring serves
+    the estimator too: one pass of the policy per generation batch, not two."""
+    from transformers import AutoModelForCausalLM
+
+    from envhub_trl.trainer import EnvGRPOTrainer
+
+    path, tokenizer = tiny
+    passes = {}
+    for gap in (False, True):
+        config = _config(tmp_path / str(gap), advantage_estimator="reinforce++", log_sampler_gap=gap, temperature=0.7)
+        trainer = EnvGRPOTrainer(AutoModelForCausalLM.from_pretrained(path), config, processing_class=tokenizer)
+        score = trainer.token_logps
+        calls = []
+
+        def counted(model, output, batch_size=None, score=score, trainer=trainer, calls=calls):
+            calls.append(model is trainer.model and trainer.model.training)
+            return score(model, output, batch_size)
+
+        trainer.token_logps = counted
+        trainer.train()
+        passes[gap] = sum(calls)
+    assert passes[True] == passes[False] > 0, passes

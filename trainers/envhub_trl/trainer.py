@@ -359,7 +359,8 @@ class EnvGRPOTrainer(TRLBridge):
         width = output["completion_ids"].shape[1]
         needs = NEEDS[args.advantage_estimator]
         if needs:
-            scores = self.model_scores(output, needs, self.value_head, batch.turn_starts if self.value_head is not None else None)
+            starts = batch.turn_starts if self.value_head is not None else None
+            scores = self.model_scores(output, needs, self.value_head, starts, logps=policy)  # policy: scored once above, if it was
             batch = pipeline.score(batch, **scores, collect=gather_object)
         batch = pipeline.spread(pipeline.estimate(batch, args.advantage_estimator, args.estimator_settings()), width)
         output["advantages"] = torch.tensor(batch.advantages, dtype=torch.float32, device=device)

@@ -182,16 +182,18 @@ class TRLBridge(GRPOTrainer):
         return self._get_per_token_logps_and_entropies(model, input_ids, attention, width, batch_size=batch_size)[0]
 
     def model_scores(
-        self, output: Mapping[str, Any], needs: tuple[str, ...], value_head: ValueHead | None, starts: list[dict[int, int]] | None
+        self, output: Mapping[str, Any], needs: tuple[str, ...], value_head: ValueHead | None, starts: list[dict[int, int]] | None,
+        logps: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         """The score stage's model quantities for an estimator that ``needs`` them, as numpy arrays
         for :func:`envhub_trl.pipeline.score`: ``logps`` and ``ref_logps`` per completion token,
-        read off TRL's scoring where it computed them, else computed here without gradients;
-        ``values`` per row and turn, read where ``starts`` says (:func:`~envhub_trl.critic.turn_starts`)."""
+        read off ``logps`` (the policy's, when the caller already scored the batch) or TRL's
+        scoring where it computed them, else computed here without gradients; ``values`` per row
+        and turn, read where ``starts`` says (:func:`~envhub_trl.critic.turn_starts`)."""
         batch_size = self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         scores: dict[str, Any] = {}
         with torch.no_grad():
-            logps = output.get("old_per_token_logps")
+            logps = output.get("old_per_token_logps") if logps is None else logps
             if "values" in needs or ("logps" in needs and logps is None):
                 capture = captured_hidden_states(self.model) if "values" in needs else contextlib.nullcontext([])
                 with capture as hidden:
