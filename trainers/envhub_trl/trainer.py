@@ -468,12 +468,13 @@ class EnvGRPOTrainer(TRLBridge):
         """Self-imitation's term of this micro-step's loss: ``self_imitation_coef`` times the negative
         log-likelihood of ``self_imitation_rows`` remembered rows, drawn from a stream seeded by the
         run's seed, TRL's micro-step and the process (so a resumed run draws the same), scaled as
-        the Trainer scales the loss for gradient accumulation; logs ``self_imitation/nll``."""
+        the Trainer scales the loss for gradient accumulation; logs ``self_imitation/nll`` and
+        ``self_imitation/distinct_rows`` (the share of the drawn rows that are distinct: each runs once)."""
         args = self.args
         rows = self.win_memory.sample(args.self_imitation_rows, [args.seed, self.micro_step, self.accelerator.process_index, 1 << 22])
         pad = self.processing_class.pad_token_id if self.processing_class.pad_token_id is not None else 0
         nll = imitation_loss(model, rows, pad, self.temperature)
-        self.log_metrics("train", {"self_imitation/nll": float(nll.detach())})
+        self.log_metrics("train", {"self_imitation/nll": float(nll.detach()), "self_imitation/distinct_rows": len(set(rows)) / len(rows)})
         return args.self_imitation_coef * nll / self.current_gradient_accumulation_steps
 
     @functools.cached_property
