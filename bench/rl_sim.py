@@ -27,7 +27,8 @@ and the moves' entropy given the observation on the sampled episodes.
     python bench/rl_sim.py --config bench/learning/format/sokoban6x6.yaml --policy model --start START/final --seed 0
     python bench/rl_sim.py --config bench/learning/format/sokoban6x6.yaml --policy mlp --seed 0
 
-Writes bench/results/rl_sim/NAME.json (the arguments and the curve).
+Writes bench/results/rl_sim/NAME.json (the arguments and the curve); ``--save FOLDER`` keeps the
+trained model (``bench/sokoban_failures.py`` reads where its episodes go wrong).
 """
 
 from __future__ import annotations
@@ -338,7 +339,10 @@ def main() -> None:
     parser.add_argument("--extra-rounds", type=int, default=1, help="--extra-plays: rounds of them, each on the levels still not won")
     parser.add_argument("--extra-temperature", type=float, default=1.0, help="--extra-plays: their sampling temperature")
     parser.add_argument("--name", default=None)
+    parser.add_argument("--save", default=None, help="model: save the trained model and tokenizer in this folder (for bench/sokoban_failures.py)")
     args = parser.parse_args()
+    if args.save and args.policy != "model":
+        raise SystemExit("--save saves the model policy's transformer")
     config = yaml.safe_load(Path(args.config).read_text())
     config["seed"] = args.seed
     for key, value in (("groups_per_step", args.groups), ("group_size", args.group_size), ("max_steps", args.steps)):
@@ -360,6 +364,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(args), "curve": curve}, indent=1) + "\n")
     print(f"wrote {out}")
+    if args.save:
+        policy.model.save_pretrained(args.save)
+        policy.tokenizer.save_pretrained(args.save)
+        print(f"saved the model in {args.save}")
 
 
 if __name__ == "__main__":

@@ -367,3 +367,22 @@ def test_render_rgb_draws_one_tile_per_cell_and_follows_the_state():
     text_env = SokobanEnv(level="######\n#P_XO#\n######")
     observation, _ = text_env.reset(seed=0)
     assert text_env.render() == observation
+
+
+def test_bench_sokoban_failures_replays_an_episode_with_the_solver_after_each_turn():
+    """bench/sokoban_failures.py's replay: an optimal win has no wasted move; an invalid reply is a
+    wasted turn; a box pushed against a wall away from its target is stuck from that turn on."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("sokoban_failures", Path(__file__).parents[1] / "bench" / "sokoban_failures.py")
+    failures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(failures)
+    corridor = SokobanEnv(level="######\n#P_XO#\n######")
+    win = failures.replay(corridor, 0, ["Right", "Right"])
+    assert win["won"] and win["optimal_length"] == 2 and win["wasted"] == 0 and win["optimal_moves"] == [True, True]
+    slow = failures.replay(corridor, 0, ["Right", None, "Left", "Right", "Right"])
+    assert slow["won"] and slow["invalid"] == 1 and slow["first_wasted"] == 1 and slow["wasted"] == 2 and slow["stuck_at"] is None
+    room = SokobanEnv(level="######\n#__P_#\n#_X__#\n#___O#\n######")
+    stuck = failures.replay(room, 0, ["Down", "Left", "Up"])
+    assert not stuck["won"] and stuck["stuck_at"] == 1 and stuck["turns"] == 3
