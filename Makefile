@@ -45,12 +45,12 @@ docs: setup
 demo: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/envhub train --model tiny --config examples/frozenlake_demo.yaml --output-dir demo-output --overwrite
 
-# Every benchmark but the learning one, the tools that read a finished run (log_table, frozenlake_rule, agent_replies,
+# Every benchmark but the learning one, the tools that read a finished run (log_table, frozenlake_rule, agent_replies, sokoban_failures,
 # alfworld_replies) and the RL lever searches that take a run's arguments (sim_rl, frozenlake_sim, rl_sim);
 # each prints its figures and writes bench/results/NAME.json.
 # The Sokoban ones build throwaway venvs with gym-sokoban under bench/.cache (nothing enters .venv).
 bench: setup
-	for script in $(filter-out bench/learning.py bench/warm_start_seeds.py bench/frozenlake_rule.py bench/log_table.py bench/agent_replies.py bench/alfworld_replies.py bench/sim_rl.py bench/frozenlake_sim.py bench/rl_sim.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
+	for script in $(filter-out bench/learning.py bench/warm_start_seeds.py bench/frozenlake_rule.py bench/log_table.py bench/agent_replies.py bench/alfworld_replies.py bench/sim_rl.py bench/frozenlake_sim.py bench/rl_sim.py bench/sokoban_failures.py,$(wildcard bench/*.py)); do HF_HUB_OFFLINE=1 $(PY) $$script || exit 1; done
 
 # GRPO, GiGPO, REINFORCE++ and PPO on FrozenLake and Sokoban, 36 training runs: many hours on 2 cores. It
 # resumes: a finished run is not run again. Writes bench/results/learning.json and learning.png.
