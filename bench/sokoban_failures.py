@@ -11,7 +11,8 @@ turn, and counts, per episode:
 - the turn, if any, after which the level could not be solved any more (a box stuck for good);
 - the moves that did not bring the solution one step nearer (the optimal remaining length did not
   fall by one), and the first of them;
-- invalid replies.
+- invalid replies;
+- the moves themselves (None for an invalid reply), in the JSON.
 
 It prints success by the level's optimal length, the failures split into *stuck* and *out of
 turns*, and the share of optimal moves at each turn; writes bench/results/sokoban_failures/NAME.json.
@@ -65,7 +66,7 @@ def replay(env: Any, seed: int, moves: list[str | None]) -> dict[str, Any]:
     wasted = [t for t in range(len(moves)) if left[t] is not None and (left[t + 1] is None or left[t + 1] != left[t] - 1)]
     stuck = next((t for t in range(len(moves)) if left[t] is not None and left[t + 1] is None), None)
     return {
-        "seed": seed, "optimal_length": int(optimal if optimal is not None else left[0] or 0), "won": won,
+        "seed": seed, "moves": list(moves), "optimal_length": int(optimal if optimal is not None else left[0] or 0), "won": won,
         "turns": len(moves), "stuck_at": stuck, "wasted": len(wasted), "first_wasted": wasted[0] if wasted else None,
         "invalid": sum(m is None for m in moves), "optimal_moves": [t not in wasted for t in range(len(moves))],
     }
