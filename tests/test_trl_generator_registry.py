@@ -53,11 +53,16 @@ def test_a_generator_without_declared_capabilities_is_read_from_its_methods():
     assert capabilities_of(ExpertGenerator()) == Capabilities(weight_sync="none", per_request_seeds=False, logprobs=True)
 
 
-def test_a_backend_name_is_taken_once_and_an_unknown_one_is_named():
+def test_a_backend_name_is_taken_once_and_an_unknown_one_is_named(monkeypatch):
     with pytest.raises(ValueError, match="already registered"):
         register_generator("hf")(lambda model, tokenizer, args: None)
     with pytest.raises(ValueError, match=r"generator must be one of .*'hf'.*registered backends\), got 'nope'"):
         _config("unused", generator="nope")
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was resolved (tiny built for every env) before the generator was refused")
+
+    monkeypatch.setattr("envhub_trl.models.resolve_model", never)
     with pytest.raises(ValueError, match="cannot load a model folder; choose one of hf, vllm"):
         make_generator("vllm-server", "tiny")
 

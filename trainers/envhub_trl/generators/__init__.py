@@ -33,9 +33,12 @@ __all__ = [
 def make_generator(kind: str, model: str, env_ids: Sequence[str] | None = None, seed: int = 0, **kwargs: Any) -> Generator:
     """Build the generator backend ``kind`` (``"hf"``, ``"vllm"``, or any registered one that can
     load a folder) for ``model``: ``tiny``, ``smollm2-135m``, a folder or a hub id
-    (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach)."""
+    (:func:`envhub_trl.models.resolve_model`, which ``env_ids`` and ``seed`` reach). A ``kind``
+    that cannot load a folder is refused before the model is resolved: building ``tiny`` for every
+    installed env takes a minute on 2 cores."""
     from envhub_trl.models import resolve_model
 
+    _check_loader(kind)
     return load_generator(kind, resolve_model(model, env_ids, seed), **kwargs)
 
 
@@ -47,6 +50,10 @@ def loaders() -> list[str]:
 def load_generator(kind: str, path: str, **kwargs: Any) -> Generator:
     """Build the generator backend ``kind`` for a model folder or hub id ``path`` already resolved
     (:func:`envhub_trl.models.resolve_model`), so that a command resolves its model once."""
+    _check_loader(kind)
+    return backend(kind).from_path(path, **kwargs)
+
+
+def _check_loader(kind: str) -> None:
     if kind not in loaders():
         raise ValueError(f"generator {kind!r} cannot load a model folder; choose one of {', '.join(loaders())}")
-    return backend(kind).from_path(path, **kwargs)
