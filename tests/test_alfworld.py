@@ -125,6 +125,38 @@ def test_resets_and_later_envs_reuse_the_planners_library_copies_and_play_the_sa
         env.close()
 
 
+def _text_episode(env, seed, turns=12):
+    """An episode's text: the planner's moves, then the first admissible command each turn."""
+    observation, _ = env.reset(seed=seed)
+    seen = [observation]
+    for _ in range(turns):
+        action = env.expert_action() if len(seen) % 2 else env.valid_actions()[0]
+        observation, _, terminated, truncated, _ = env.step(action)
+        seen.append((action, observation, tuple(env.valid_actions())))
+        if terminated or truncated:
+            break
+    return seen
+
+
+def test_textworlds_text_is_the_same_with_its_copies_and_parses_made_cheaper(monkeypatch):
+    from textworld import logic
+    from textworld.envs.pddl import textgen
+
+    env = envhub.make(GENERATED)
+    faster = [_text_episode(env, seed) for seed in (5, 6)]
+    for module in (textgen, logic):
+        memoized = module._parse_and_convert
+        assert memoized.cache, module.__name__
+        for (args, kwargs), parsed in list(memoized.cache.items())[:200]:
+            fresh, again = memoized(*args, **dict(kwargs)), memoized(*args, **dict(kwargs))
+            assert repr(fresh) == repr(memoized.parse(*args, **dict(kwargs))) == repr(parsed)
+            assert fresh is not again and fresh is not parsed
+        monkeypatch.setattr(module, "_parse_and_convert", memoized.parse)
+    monkeypatch.setattr(textgen, "copy_context", textgen.envhub_originals["copy_context"])
+    monkeypatch.setattr(textgen.Symbol, "copy", textgen.envhub_originals["copy"])
+    assert [_text_episode(env, seed) for seed in (5, 6)] == faster
+
+
 def test_the_state_key_repeats_when_the_world_does():
     env = envhub.make(GENERATED)
     _, info = env.reset(seed=7)

@@ -345,6 +345,8 @@ def _pddl_env_class() -> type:
     from textworld.core import GameState
     from textworld.envs import PddlEnv
 
+    _speed_up_textworld_text()
+
     class OnceTranslatedPddlEnv(PddlEnv):
         _loaded_state: Any = None
 
@@ -383,6 +385,59 @@ def _pddl_env_class() -> type:
             return self.state
 
     return OnceTranslatedPddlEnv
+
+
+def _speed_up_textworld_text() -> None:
+    """Three copies TextWorld's text grammar makes at every derivation, made cheaper with the same
+    text out (TextWorld 1.7.0, pinned). They were about three quarters of a step's time.
+
+    - Its templates (``#look.feedback#``, a rule's condition) are parsed with TatSu each time. The
+      parses are pure functions of the text and the few hundred templates repeat: each is parsed once,
+      and later calls get a deep copy (the grammar sets its symbols' contexts in place).
+    - ``copy_context`` deep-copies a context's variables and mapping. Each derivation only adds keys
+      to its own copies (``query``), and the grammar's ``{...}`` expressions only read attributes
+      (``o.name``, ``r.indefinite``), so copies of the two dicts do.
+    - ``Symbol.copy`` deep-copies the symbol with its old context, the world state included, then
+      drops that context: the copy now leaves the old context out.
+    """
+    import copy
+
+    from textworld import logic
+    from textworld.envs.pddl import textgen
+
+    if getattr(textgen, "envhub_faster", False):
+        return
+    for module in (textgen, logic):
+        parse = module._parse_and_convert
+        cache: dict[Any, Any] = {}
+
+        def memoized(*args: Any, _parse: Any = parse, _cache: dict[Any, Any] = cache, **kwargs: Any) -> Any:
+            key = (args, tuple(sorted(kwargs.items())))
+            try:
+                hit = _cache.get(key)
+            except TypeError:  # unhashable arguments: parsed as before
+                return _parse(*args, **kwargs)
+            if hit is None:
+                hit = _parse(*args, **kwargs)
+                if len(_cache) < 16384:
+                    _cache[key] = hit
+            return copy.deepcopy(hit)
+
+        memoized.parse, memoized.cache = parse, cache  # type: ignore[attr-defined]
+        module._parse_and_convert = memoized
+
+    def copy_context(context: dict[str, Any]) -> dict[str, Any]:
+        return {"state": context["state"], "facts": context["facts"], "variables": dict(context["variables"]),
+                "mapping": dict(context["mapping"]), "entity_infos": context["entity_infos"]}
+
+    def symbol_copy(self: Any, context: dict[str, Any]) -> Any:
+        copied = copy.deepcopy(self, {id(self.context): {}})
+        copied.context = copy_context(context)
+        return copied
+
+    textgen.envhub_originals = {"copy_context": textgen.copy_context, "copy": textgen.Symbol.copy}
+    textgen.copy_context, textgen.Symbol.copy = copy_context, symbol_copy
+    textgen.envhub_faster = True
 
 
 class _ModuleRandom:
