@@ -252,7 +252,7 @@ def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, est
                 if not unsolved:
                     break
                 extra = np.repeat([unsolved[k % len(unsolved)] for k in range(groups)], size)
-                played, won_extra = play(policy, envs, [int(levels[g]) for g in extra], turns, penalty)
+                played, won_extra = play(policy, envs, [int(levels[g]) for g in extra], turns, penalty, temperature=levers.get("retry_temperature", 1.0))
                 extra_played.append(len(played))
                 if levers.get("retry_keep", "all") == "all":
                     batch += played
@@ -334,6 +334,7 @@ def main() -> None:
     parser.add_argument("--critic-lambda", type=float, default=0.95)
     parser.add_argument("--retry-rounds", type=int, default=0, help="rounds of a whole batch of plays (groups x group size), shared out over the levels that no play has won yet")
     parser.add_argument("--retry-keep", choices=("all", "swap"), default="all", help="--retry-rounds: train on every play, or put a level's wins in the places of its failed plays (up to half its group) and leave the rest out")
+    parser.add_argument("--retry-temperature", type=float, default=1.0, help="--retry-rounds: their sampling temperature (trained on as if sampled at 1)")
     parser.add_argument("--self-imitation", type=float, default=0.0, help="self-imitation: this times the log-likelihood of the moves (invalid replies left out) of remembered wins of levels not every play won (SIL, Oh et al. 2018)")
     parser.add_argument("--memory", type=int, default=4096, help="--self-imitation: the turns of wins remembered (the latest)")
     parser.add_argument("--extra-rounds", type=int, default=1, help="--extra-plays: rounds of them, each on the levels still not won")
@@ -358,7 +359,7 @@ def main() -> None:
     else:
         policy = TablePolicy(len(names)) if args.policy == "table" else WordsMLP(len(names))
     rate = args.learning_rate or {"model": float(config.get("learning_rate", 5e-4)), "mlp": 1e-3, "table": 0.05}[args.policy]
-    curve = train(policy, envs, config, rate, args.estimator, rng, args.eval_every, args.episodes, {"tied_baseline": args.tied_baseline, "extra_plays": args.extra_plays, "extra_temperature": args.extra_temperature, "extra_rounds": args.extra_rounds, "retry_rounds": args.retry_rounds, "retry_keep": args.retry_keep, "self_imitation": args.self_imitation, "memory": args.memory, "critic": args.critic, "critic_where": args.critic_where, "critic_lambda": args.critic_lambda})
+    curve = train(policy, envs, config, rate, args.estimator, rng, args.eval_every, args.episodes, {"tied_baseline": args.tied_baseline, "extra_plays": args.extra_plays, "extra_temperature": args.extra_temperature, "extra_rounds": args.extra_rounds, "retry_rounds": args.retry_rounds, "retry_keep": args.retry_keep, "retry_temperature": args.retry_temperature, "self_imitation": args.self_imitation, "memory": args.memory, "critic": args.critic, "critic_where": args.critic_where, "critic_lambda": args.critic_lambda})
     name = args.name or f"{Path(args.config).stem}-{args.policy}-{args.estimator}-seed{args.seed}"
     out = ROOT / "results" / "rl_sim" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
