@@ -400,13 +400,22 @@ def _speed_up_textworld_text() -> None:
     - ``Symbol.copy`` deep-copies the symbol with its old context, the world state included, then
       drops that context: the copy now leaves the old context out.
     """
+    from textworld.envs.pddl import textgen
+
+    with _PATCH_LOCK:  # once, whichever thread builds the first env
+        if not getattr(textgen, "envhub_faster", False):
+            _patch_textworld_text()
+
+
+_PATCH_LOCK = threading.Lock()
+
+
+def _patch_textworld_text() -> None:
     import copy
 
     from textworld import logic
     from textworld.envs.pddl import textgen
 
-    if getattr(textgen, "envhub_faster", False):
-        return
     for module in (textgen, logic):
         parse = module._parse_and_convert
         cache: dict[Any, Any] = {}
@@ -419,7 +428,7 @@ def _speed_up_textworld_text() -> None:
                 return _parse(*args, **kwargs)
             if hit is None:
                 hit = _parse(*args, **kwargs)
-                if len(_cache) < 16384:
+                if len(_cache) < 16384 and sum(len(a) for a in args if isinstance(a, str)) < 4096:  # templates, not files
                     _cache[key] = hit
             return copy.deepcopy(hit)
 
