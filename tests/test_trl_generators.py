@@ -41,9 +41,13 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory) -> Path:
+    import envhub
     from envhub_trl.tiny import build_tiny
 
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "model")
+    # Every installed env's text but TextArena's medium Sokoban: its 8 resets generate levels by
+    # reverse play for 77 of the build's 99 s, and its text is the small Sokoban's on a larger board.
+    env_ids = [env_id for env_id in envhub.registry if env_id != "textarena/Sokoban-medium-v0"]
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", env_ids=env_ids)
 
 
 @pytest.fixture(scope="session")
