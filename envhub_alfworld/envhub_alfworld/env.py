@@ -403,7 +403,7 @@ def _speed_up_textworld_text() -> None:
     from textworld.envs.pddl import textgen
 
     with _PATCH_LOCK:  # once, whichever thread builds the first env
-        if not getattr(textgen, "envhub_faster", False):
+        if not hasattr(textgen, "envhub_originals"):
             _patch_textworld_text()
 
 
@@ -411,6 +411,7 @@ _PATCH_LOCK = threading.Lock()
 
 
 def _patch_textworld_text() -> None:
+    """``_speed_up_textworld_text``'s patch; TextWorld's originals stay in ``textgen.envhub_originals``."""
     import copy
 
     from textworld import logic
@@ -446,7 +447,6 @@ def _patch_textworld_text() -> None:
 
     textgen.envhub_originals = {"copy_context": textgen.copy_context, "copy": textgen.Symbol.copy}
     textgen.copy_context, textgen.Symbol.copy = copy_context, symbol_copy
-    textgen.envhub_faster = True
 
 
 class _ModuleRandom:
