@@ -27,8 +27,14 @@ and the moves' entropy given the observation on the sampled episodes.
     python bench/rl_sim.py --config bench/learning/format/sokoban6x6.yaml --policy model --start START/final --seed 0
     python bench/rl_sim.py --config bench/learning/format/sokoban6x6.yaml --policy mlp --seed 0
 
-Writes bench/results/rl_sim/NAME.json (the arguments and the curve); ``--save FOLDER`` keeps the
-trained model (``bench/sokoban_failures.py`` reads where its episodes go wrong).
+Writes bench/results/rl_sim/NAME.json (the arguments, the config and the curve) after every
+evaluation, so that a stopped run keeps its curve; ``--save FOLDER`` keeps the trained model
+(``bench/sokoban_failures.py`` reads where its episodes go wrong).
+
+With ``history_turns: 1`` in the config the policy is shown the previous turn as the trainer shows
+it (that observation, then its reply: ``reply_prefix``, the sampled token and the closing tag), the
+template taken from the run's manager and checked token for token; a step then costs about eight
+times as much (prompts of about 150 tokens, of which only the system message is shared).
 """
 
 from __future__ import annotations
@@ -123,6 +129,22 @@ class ModelPolicy(torch.nn.Module):
         self.actions = [i[0] for i in ids]
         self.head, self.tail = prompt_template(self.tokenizer, config)
         self.cache: dict[str, list[int]] = {}
+        self.history = int(config.get("history_turns") or 0)
+        if self.history > 1:
+            raise SystemExit("the simulation shows at most one turn of history (history_turns: 0 or 1)")
+        if self.history:
+            from view_reading import history_joints
+
+            self.before, self.after = history_joints(self.tokenizer, config, self.head, self.tail)
+            self.prefix, self.stop = config.get("reply_prefix") or "", (config.get("stop_strings") or ["</answer>"])[0]
+
+    def shown(self, previous: str | None, token: int | None, observation: str) -> str:
+        """What the prompt shows between its head and tail: the observation, after the previous turn
+        (its observation and reply: the prefix, the token, the closing tag) with one turn of history."""
+        if not self.history or previous is None:
+            return observation
+        reply = self.prefix + self.tokenizer.decode([token])
+        return previous + self.before + (reply if self.stop in reply else reply + self.stop) + self.after + observation
 
     def forward(self, observations: list[str]) -> torch.Tensor:
         from view_reading import next_token_log_probs
@@ -146,10 +168,12 @@ def play(policy: Any, envs: list[Any], seeds: list[int], turns: int, penalty: fl
     actions = choice_index(policy)
     column = {c: k for k, c in enumerate(actions)}
     observations, keys = [], []
+    shown = policy.shown if isinstance(policy, ModelPolicy) else lambda previous, token, observation: observation
     for env, seed in zip(envs, seeds):
         observation, info = env.reset(seed=int(seed))
         observations.append(observation)
         keys.append(str(info["state_key"]))
+    raw = list(observations)  # the env's own observations; ``observations``: what the policy is shown
     episodes: list[list[Any]] = [[] for _ in seeds]
     won, live = [False] * len(seeds), list(range(len(seeds)))
     for turn in range(turns):
@@ -166,9 +190,9 @@ def play(policy: Any, envs: list[Any], seeds: list[int], turns: int, penalty: fl
                 observation, reward, terminated, truncated, info = envs[i].step(envs[i].unwrapped.action_names[column[token]])
                 done = terminated or truncated
             else:
-                observation, reward, done, info = observations[i], penalty, False, {"state_key": keys[i], "success": False}
+                observation, reward, done, info = raw[i], penalty, False, {"state_key": keys[i], "success": False}
             episodes[i].append((observations[i], token, float(reward), keys[i], turn))
-            observations[i], keys[i] = observation, str(info["state_key"])
+            observations[i], raw[i], keys[i] = shown(raw[i], token, observation), observation, str(info["state_key"])
             won[i] = won[i] or bool(info.get("success"))
             if not done:
                 still.append(i)
@@ -209,8 +233,9 @@ def tied_baseline(batch: list[list[tuple[str, int, float, str, int]]], groups: n
     return np.array([value[e] for e, episode in enumerate(batch) for _ in episode])
 
 
-def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, estimator: str, rng: np.random.Generator, eval_every: int, episodes: int, levers: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """The config's RL on ``policy``; returns the validation curve (every ``eval_every`` steps and at the end)."""
+def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, estimator: str, rng: np.random.Generator, eval_every: int, episodes: int, levers: dict[str, float] | None = None, on_evaluation: Any = None) -> list[dict[str, Any]]:
+    """The config's RL on ``policy``; returns the validation curve (every ``eval_every`` steps and at the
+    end), which ``on_evaluation`` is also given after each evaluation."""
     groups, size, turns, steps = (int(config[k]) for k in ("groups_per_step", "group_size", "max_turns", "max_steps"))
     penalty = float(config.get("format_penalty", -0.1))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=rate, weight_decay=0.0)
@@ -225,6 +250,8 @@ def train(policy: Any, envs: list[Any], config: dict[str, Any], rate: float, est
             curve.append({"step": step, **evaluate(policy, envs, config, episodes), **since, "seconds": round(time.time() - started, 1), "extra_episodes": int(np.sum(extra_played))})
             trace = {k: [] for k in trace}
             print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in curve[-1].items()), flush=True)
+            if on_evaluation is not None:
+                on_evaluation(curve)
         if step == steps:
             break
         levels = rng.integers(0, VALIDATION, groups)
@@ -356,14 +383,21 @@ def main() -> None:
     names = tuple(envs[0].unwrapped.action_names)
     if args.policy == "model":
         policy: Any = ModelPolicy(args.start, config, names)
+    elif config.get("history_turns"):
+        raise SystemExit("history_turns goes with --policy model")
     else:
         policy = TablePolicy(len(names)) if args.policy == "table" else WordsMLP(len(names))
     rate = args.learning_rate or {"model": float(config.get("learning_rate", 5e-4)), "mlp": 1e-3, "table": 0.05}[args.policy]
-    curve = train(policy, envs, config, rate, args.estimator, rng, args.eval_every, args.episodes, {"tied_baseline": args.tied_baseline, "extra_plays": args.extra_plays, "extra_temperature": args.extra_temperature, "extra_rounds": args.extra_rounds, "retry_rounds": args.retry_rounds, "retry_keep": args.retry_keep, "retry_temperature": args.retry_temperature, "self_imitation": args.self_imitation, "memory": args.memory, "critic": args.critic, "critic_where": args.critic_where, "critic_lambda": args.critic_lambda})
     name = args.name or f"{Path(args.config).stem}-{args.policy}-{args.estimator}-seed{args.seed}"
     out = ROOT / "results" / "rl_sim" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "curve": curve}, indent=1) + "\n")
+
+    def write(curve: list[dict[str, Any]]) -> None:  # after every evaluation: a stopped run keeps its curve
+        partial = out.with_suffix(".json.tmp")
+        partial.write_text(json.dumps({"args": vars(args), "config": config, "curve": curve}, indent=1) + "\n")
+        partial.replace(out)
+
+    curve = train(policy, envs, config, rate, args.estimator, rng, args.eval_every, args.episodes, {"tied_baseline": args.tied_baseline, "extra_plays": args.extra_plays, "extra_temperature": args.extra_temperature, "extra_rounds": args.extra_rounds, "retry_rounds": args.retry_rounds, "retry_keep": args.retry_keep, "retry_temperature": args.retry_temperature, "self_imitation": args.self_imitation, "memory": args.memory, "critic": args.critic, "critic_where": args.critic_where, "critic_lambda": args.critic_lambda}, on_evaluation=write)
     print(f"wrote {out}")
     if args.save:
         policy.model.save_pretrained(args.save)

@@ -111,17 +111,68 @@ def prompt_template(tokenizer: Any, config: dict[str, Any]) -> tuple[str, str]:
     text = tokenizer.decode(samples[0].prompt_ids)
     head, tail = text.rsplit(shown(text), 1)
     for sample in samples:
+        if tokenizer.decode(sample.prompt_ids).count("user\n") > 1:
+            continue  # a later turn with history_turns >= 1: history_joints checks those
         if tokenizer.encode(head + shown(tokenizer.decode(sample.prompt_ids)) + tail, add_special_tokens=False) != list(sample.prompt_ids):
             raise SystemExit("the prompt template does not give the env's prompt token for token")
     return head, tail
 
 
+def history_joints(tokenizer: Any, config: dict[str, Any], head: str, tail: str) -> tuple[str, str]:
+    """With ``history_turns: 1``, the text around the previous turn's reply: a later turn's prompt is
+    ``head + previous observation + before + reply + after + observation + tail``. Taken from real
+    prompts of the run's manager and checked token for token against every later turn's."""
+    samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, run_config(config).env_settings(), range(4))
+    prefix, stop = config.get("reply_prefix") or "", (config.get("stop_strings") or ["</answer>"])[0]
+    joints, checked = None, 0
+    for sample in samples:
+        text = tokenizer.decode(sample.prompt_ids)
+        if not (text.startswith(head) and text.endswith(tail)) or text.count("user\n") < 2:
+            continue  # a first turn: no history
+        previous = text[len(head) :].split("<|im_end|>", 1)[0]
+        current = text.rsplit("user\n", 1)[1].split("<|im_end|>", 1)[0]
+        middle = text[len(head) + len(previous) : len(text) - len(current) - len(tail)]
+        at = middle.index(prefix + middle.split(prefix, 1)[1].split(stop, 1)[0] + stop) if prefix else None
+        if at is None:
+            raise SystemExit("history_joints needs the run's reply_prefix")
+        reply = prefix + middle[at + len(prefix) :].split(stop, 1)[0] + stop
+        found = (middle[:at], middle[at + len(reply) :])
+        if joints not in (None, found) or tokenizer.encode(head + previous + found[0] + reply + found[1] + current + tail, add_special_tokens=False) != list(sample.prompt_ids):
+            raise SystemExit("the history template does not give the env's prompt token for token")
+        joints, checked = found, checked + 1
+    if not checked:
+        raise SystemExit("no prompt with history among the samples: is history_turns 1?")
+    return joints
+
+
 def next_token_log_probs(model: Any, tokenizer: Any, head: str, tail: str, cache: dict[str, list[int]], observations: list[str]) -> torch.Tensor:
-    """Log-probabilities over the whole vocabulary after each observation's prompt (left-padded, one
-    batch; ``cache`` keeps each observation's prompt tokens)."""
+    """Log-probabilities over the whole vocabulary after each observation's prompt, in one batch
+    (``cache`` keeps each observation's prompt tokens). The tokens every prompt starts with (the
+    system message) are run once and their keys and values handed to every row, as the trainer's
+    ``share_prompt_forward`` does with whole prompts; the rows' own tokens follow, right-padded, and
+    the head runs at each row's last token only. The same arithmetic as one forward per prompt, a
+    third of it with one turn of history."""
     rows = [cache.setdefault(o, tokenizer.encode(head + o + tail, add_special_tokens=False)) for o in observations]
-    ids, mask = left_padded(rows)
-    return torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float(), -1)
+    shared = min(map(len, rows)) - 1
+    for column in range(shared):
+        if any(row[column] != rows[0][column] for row in rows):
+            shared = column
+            break
+    if shared == 0:
+        ids, mask = left_padded(rows)
+        return torch.log_softmax(model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1, :].float(), -1)
+    keys = model(input_ids=torch.tensor([rows[0][:shared]]), use_cache=True, logits_to_keep=1).past_key_values
+    keys.reorder_cache(torch.zeros(len(rows), dtype=torch.long))  # every row the shared keys; gradients sum back
+    ends = torch.tensor([len(row) - shared - 1 for row in rows])
+    width = int(ends.max()) + 1
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), shared + width, dtype=torch.long)
+    mask[:, :shared] = 1
+    for r, row in enumerate(rows):
+        ids[r, : len(row) - shared] = torch.tensor(row[shared:])
+        mask[r, shared : len(row)] = 1
+    hidden = model.model(input_ids=ids, attention_mask=mask, past_key_values=keys).last_hidden_state
+    return torch.log_softmax(model.lm_head(hidden[torch.arange(len(rows)), ends]).float(), -1)
 
 
 def states(tokenizer: Any, config: dict[str, Any], seeds: range) -> tuple[list[list[int]], np.ndarray, list[str], list[int]]:
