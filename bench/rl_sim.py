@@ -33,9 +33,9 @@ evaluation, so that a stopped run keeps its curve; ``--save FOLDER`` keeps the t
 
 With ``history_turns: 1`` in the config the policy is shown the previous turn as the trainer shows
 it (that observation, then its reply: ``reply_prefix``, the sampled token and the closing tag), the
-template taken from the run's manager and checked token for token; a step then costs about three
-times as much (prompts of about 150 tokens, of which only the system message is shared: 17 s a
-step on Sokoban 6x6 with the trainer's levers, one core each for two runs).
+template taken from the run's manager and checked token for token; a run then takes about twice
+as long (prompts of about 150 tokens, of which only the system message is shared: 300 steps of
+Sokoban 6x6 with the trainer's levers took 47-59 minutes, two runs on the 2 cores, against 27).
 """
 
 from __future__ import annotations
