@@ -123,7 +123,9 @@ def history_joints(tokenizer: Any, config: dict[str, Any], head: str, tail: str)
     ``head + previous observation + before + reply + after + observation + tail``. Taken from real
     prompts of the run's manager and checked token for token against every later turn's."""
     samples, _ = relabelled_samples(RandomGenerator(seed=1, tokenizer=tokenizer), tokenizer, run_config(config).env_settings(), range(4))
-    prefix, stop = config.get("reply_prefix") or "", (config.get("stop_strings") or ["</answer>"])[0]
+    prefix, stop = config.get("reply_prefix"), (config.get("stop_strings") or ["</answer>"])[0]
+    if not prefix:
+        raise SystemExit("history_joints needs the run's reply_prefix (where a reply starts)")
     joints, checked = None, 0
     for sample in samples:
         text = tokenizer.decode(sample.prompt_ids)
@@ -132,9 +134,7 @@ def history_joints(tokenizer: Any, config: dict[str, Any], head: str, tail: str)
         previous = text[len(head) :].split("<|im_end|>", 1)[0]
         current = text.rsplit("user\n", 1)[1].split("<|im_end|>", 1)[0]
         middle = text[len(head) + len(previous) : len(text) - len(current) - len(tail)]
-        at = middle.index(prefix + middle.split(prefix, 1)[1].split(stop, 1)[0] + stop) if prefix else None
-        if at is None:
-            raise SystemExit("history_joints needs the run's reply_prefix")
+        at = middle.index(prefix)
         reply = prefix + middle[at + len(prefix) :].split(stop, 1)[0] + stop
         found = (middle[:at], middle[at + len(reply) :])
         if joints not in (None, found) or tokenizer.encode(head + previous + found[0] + reply + found[1] + current + tail, add_special_tokens=False) != list(sample.prompt_ids):
@@ -150,8 +150,8 @@ def next_token_log_probs(model: Any, tokenizer: Any, head: str, tail: str, cache
     (``cache`` keeps each observation's prompt tokens). The tokens every prompt starts with (the
     system message) are run once and their keys and values handed to every row, as the trainer's
     ``share_prompt_forward`` does with whole prompts; the rows' own tokens follow, right-padded, and
-    the head runs at each row's last token only. The same arithmetic as one forward per prompt, a
-    third of it with one turn of history."""
+    the head runs at each row's last token only. The same arithmetic as one forward per prompt; the
+    system message is a third of a Sokoban prompt with one turn of history, half of one without."""
     rows = [cache.setdefault(o, tokenizer.encode(head + o + tail, add_special_tokens=False)) for o in observations]
     shared = min(map(len, rows)) - 1
     for column in range(shared):
